@@ -1,0 +1,29 @@
+# The two set-up commands of the README are `make demo` and `make test`; everything else is a step of those.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Downloads (torch is several GB) are cached outside the repo so a fresh clone installs in minutes.
+export PIP_CACHE_DIR ?= $(HOME)/.cache/kembed/pip
+export KEMBED_CACHE ?= $(HOME)/.cache/kembed
+
+.PHONY: install demo test lint clean
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip==25.3
+	$(BIN)/pip install -c constraints.txt -e '.[api,trainer,operator,dev]'
+	touch $@
+
+demo: install
+	$(BIN)/kembed demo
+
+test: install
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) .kembed .pytest_cache

@@ -1,0 +1,5 @@
+"""Fixtures shared by the whole suite live in tests/fixtures/; each area may add its own conftest.py."""
+
+pytest_plugins = [
+    "tests.fixtures.servers",
+]
