@@ -12,7 +12,6 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip==25.3
 	$(BIN)/pip install -c constraints.txt -e '.[api,trainer,operator,dev]'
 	touch $@
 
