@@ -1,0 +1,1 @@
+"""Where admitted jobs run: `local` (torchrun child processes, the embedded default) or `kubernetes`."""

@@ -1,0 +1,223 @@
+"""The embedded default: each job is `nodes` torchrun processes on this machine (gloo on CPU).
+
+Every node of the gang is its own torchrun in its own process group (so SIGTERM reaches every rank at once),
+logging to <data_dir>/logs/<job>/node-<i>.log. Child processes never outlive the server: a graceful stop
+SIGTERMs them (they checkpoint), and a server that died is cleaned up by `reclaim` on its next start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kembed_api.backends.base import Exit, Launch
+from kembed_api.spec import JobSpec
+
+__all__ = ["LocalBackend"]
+
+# Trainer exit codes (docs/trainer.md): 2 = bad config (retrying cannot help); 143 = stopped by SIGTERM after
+# its checkpoint. torchrun folds a worker's code into its own exit 1, so most failures count as retryable.
+_PERMANENT_EXIT_CODES = frozenset({2})
+
+
+@dataclass
+class _Gang:
+    processes: list[subprocess.Popen]
+    log_files: list[Any]
+    stop_requested_at: float | None = None
+    exit_codes: list[int | None] = field(default_factory=list)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _is_our_process(pid: int, job_id: str) -> bool:
+    """A pid from an earlier server is ours only if it still runs this job (pids get reused)."""
+    try:
+        return job_id.encode() in Path(f"/proc/{pid}/cmdline").read_bytes() or job_id.encode() in Path(
+            f"/proc/{pid}/environ"
+        ).read_bytes()
+    except OSError:
+        return False
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class LocalBackend:
+    def __init__(self, *, data_dir: Path, slots: int, stop_grace_s: float = 60.0) -> None:
+        self.data_dir = data_dir
+        self.slots = slots
+        self.stop_grace_s = stop_grace_s
+        self._gangs: dict[str, _Gang] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------------------- admission
+    def check_fits(self, spec: JobSpec) -> None:
+        if spec.resources.gpus_per_node:
+            raise ValueError(
+                "resources.gpus_per_node: the local backend runs on CPU only; "
+                "set it to 0 or submit to a Kubernetes installation"
+            )
+        if spec.resources.num_processes > self.slots:
+            raise ValueError(
+                f"resources: the job needs {spec.resources.num_processes} trainer processes "
+                f"(nodes x procs_per_node) but this server has {self.slots} local slots (KEMBED_LOCAL_SLOTS)"
+            )
+
+    def has_room(self, spec: JobSpec, *, num_processes_in_use: int) -> bool:
+        return num_processes_in_use + spec.resources.num_processes <= self.slots
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+    def _job_dir(self, job_id: str) -> Path:
+        return self.data_dir / "jobs" / job_id
+
+    def _log_dir(self, job_id: str) -> Path:
+        return self.data_dir / "logs" / job_id
+
+    def start(self, launch: Launch) -> dict[str, Any]:
+        job_dir, log_dir = self._job_dir(launch.job_id), self._log_dir(launch.job_id)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        config_path = job_dir / "trainer.yaml"
+        config_path.write_text(yaml.safe_dump(launch.spec.trainer.model_dump(mode="json"), sort_keys=False))
+
+        resources = launch.spec.resources
+        port = _free_port()
+        env = {
+            **os.environ,
+            "KEMBED_JOB_ID": launch.job_id,
+            "KEMBED_REPORT_URL": launch.report_url,
+            "KEMBED_REPORT_TOKEN": launch.report_token,
+            "PYTHONUNBUFFERED": "1",
+            # Share the cores among this job's ranks instead of letting each grab all of them.
+            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // resources.num_processes)),
+        }
+        processes, log_files = [], []
+        for node_rank in range(resources.nodes):
+            log = open(log_dir / f"node-{node_rank}.log", "ab")  # noqa: SIM115 (kept open while the node runs)
+            log.write(f"=== attempt {launch.attempt} of job {launch.job_id}, node {node_rank} ===\n".encode())
+            log.flush()
+            command = [
+                sys.executable, "-m", "torch.distributed.run",
+                f"--nnodes={resources.nodes}", f"--node-rank={node_rank}",
+                f"--nproc-per-node={resources.procs_per_node}",
+                "--master-addr=127.0.0.1", f"--master-port={port}",
+                f"--rdzv-id={launch.job_id}",
+                "-m", "kembed_trainer", "--config", str(config_path),
+            ]
+            processes.append(
+                subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 cwd=job_dir, start_new_session=True)
+            )
+            log_files.append(log)
+        with self._lock:
+            self._gangs[launch.job_id] = _Gang(processes=processes, log_files=log_files)
+        return {"pids": [p.pid for p in processes], "attempt": launch.attempt}
+
+    def poll(self, job_id: str) -> Exit | None:
+        with self._lock:
+            gang = self._gangs.get(job_id)
+        if gang is None:
+            return Exit(succeeded=False, retryable=True, reason="Lost",
+                        message="the trainer processes are gone (the server restarted while they ran)")
+        codes = [p.poll() for p in gang.processes]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed and any(c is None for c in codes):
+            # One node failed: the gang cannot go on without it, so the rest is stopped too (gang semantics).
+            self.stop(job_id)
+            return None
+        if any(c is None for c in codes):
+            return None
+        self._forget(job_id)
+        if not failed:
+            return Exit(succeeded=True, retryable=False, reason="Completed", message="all trainers exited 0")
+        tail = self.read_logs(job_id, tail_lines=12)
+        retryable = not any(c in _PERMANENT_EXIT_CODES for c in failed)
+        return Exit(
+            succeeded=False,
+            retryable=retryable,
+            reason="TrainerFailed" if retryable else "TrainerRejectedConfig",
+            message=f"trainer exit codes {codes}; last log lines:\n{tail}",
+        )
+
+    def _forget(self, job_id: str) -> None:
+        with self._lock:
+            gang = self._gangs.pop(job_id, None)
+        if gang:
+            for log in gang.log_files:
+                log.close()
+
+    def stop(self, job_id: str) -> None:
+        with self._lock:
+            gang = self._gangs.get(job_id)
+        if gang is None or gang.stop_requested_at is not None:
+            return
+        gang.stop_requested_at = time.monotonic()
+        for process in gang.processes:
+            if process.poll() is None:
+                _signal_group(process.pid, signal.SIGTERM)
+
+    def kill_overdue(self) -> None:
+        """SIGKILL gangs that ignored SIGTERM for longer than the grace period."""
+        with self._lock:
+            gangs = list(self._gangs.values())
+        for gang in gangs:
+            if gang.stop_requested_at and time.monotonic() - gang.stop_requested_at > self.stop_grace_s:
+                for process in gang.processes:
+                    if process.poll() is None:
+                        _signal_group(process.pid, signal.SIGKILL)
+
+    def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> None:
+        pids = [pid for pid in backend_state.get("pids", []) if _is_our_process(pid, job_id)]
+        for pid in pids:
+            _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_grace_s
+        while pids and time.monotonic() < deadline:
+            pids = [pid for pid in pids if _is_our_process(pid, job_id)]
+            time.sleep(0.2)
+        for pid in pids:
+            _signal_group(pid, signal.SIGKILL)
+
+    def read_logs(self, job_id: str, *, tail_lines: int | None = None) -> str:
+        log_dir = self._log_dir(job_id)
+        parts = []
+        for path in sorted(log_dir.glob("node-*.log")):
+            with open(path, errors="replace") as f:
+                lines = deque(f, maxlen=tail_lines) if tail_lines else f.readlines()
+            parts.append("".join(lines))
+        return "".join(parts)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            job_ids = list(self._gangs)
+        for job_id in job_ids:
+            self.stop(job_id)
+        deadline = time.monotonic() + self.stop_grace_s
+        for job_id in job_ids:
+            gang = self._gangs.get(job_id)
+            for process in gang.processes if gang else []:
+                try:
+                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    _signal_group(process.pid, signal.SIGKILL)
+                    process.wait()
+            self._forget(job_id)

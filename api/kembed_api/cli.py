@@ -1,0 +1,274 @@
+"""`kembed`: the command line of kembed (serve the embedded default, submit and follow jobs)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kembed_api.client import ApiError, Client
+
+__all__ = ["app"]
+
+app = typer.Typer(help="kembed: training-as-a-service for sparse-embedding models.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+console = Console()
+
+ServerOption = Annotated[
+    str, typer.Option("--server", envvar="KEMBED_SERVER", help="URL of the kembed API.")
+]
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan"}
+
+
+def _client(server: str) -> Client:
+    return Client(server, token=os.environ.get("KEMBED_TOKEN"))
+
+
+def _fail(error: ApiError | Exception) -> None:
+    console.print(f"[red]error:[/red] {error}")
+    raise typer.Exit(1)
+
+
+def _state(state: str) -> str:
+    style = STATE_STYLE.get(state)
+    return f"[{style}]{state}[/{style}]" if style else state
+
+
+# ----------------------------------------------------------------------------------------------- serve
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind; loopback by default.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
+    data_dir: Annotated[Path, typer.Option(help="Database, logs and checkpoints of the embedded default.")] = Path(
+        ".kembed"
+    ),
+    slots: Annotated[int | None, typer.Option(help="Trainer processes run at once (default: cores).")] = None,
+) -> None:
+    """Run the embedded server: API + SQLite + local backend, on this machine."""
+    import uvicorn
+
+    from kembed_api.app import create_app
+    from kembed_api.settings import Settings
+
+    overrides: dict[str, Any] = {"host": host, "port": port, "data_dir": data_dir}
+    if slots is not None:
+        overrides["local_slots"] = slots
+    settings = Settings(**overrides)
+    console.print(f"kembed serving on [bold]http://{host}:{port}[/bold] (data in {settings.data_dir})")
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+
+
+# ----------------------------------------------------------------------------------------------- jobs
+def _load_spec(path: Path) -> dict[str, Any]:
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        _fail(error)
+    if not isinstance(spec, dict):
+        _fail(ValueError(f"{path}: expected a YAML mapping (a job spec)"))
+    return spec
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Job spec (YAML or JSON).")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Show live progress until the job ends.")] = False,
+    server: ServerOption = "http://127.0.0.1:8080",
+) -> None:
+    """Submit a job."""
+    with _client(server) as client:
+        try:
+            job = client.submit(_load_spec(file))
+        except ApiError as error:
+            _fail(error)
+        console.print(f"submitted [bold]{job['id']}[/bold] ({_state(job['state'])})")
+        if follow:
+            _exit_with(follow_job(client, job["id"]))
+
+
+@app.command()
+def jobs(
+    state: Annotated[list[str] | None, typer.Option(help="Only jobs in this state (repeatable).")] = None,
+    limit: Annotated[int, typer.Option(help="How many, newest first.")] = 50,
+    server: ServerOption = "http://127.0.0.1:8080",
+) -> None:
+    """List jobs."""
+    with _client(server) as client:
+        try:
+            page = client.jobs(states=state, limit=limit)
+        except ApiError as error:
+            _fail(error)
+    table = Table("ID", "STATE", "PROGRESS", "LOSS", "AUC", "CREATED", "REASON")
+    for job in page["items"]:
+        progress = job["progress"]
+        table.add_row(
+            job["id"], _state(job["state"]), f"{progress['step']}/{progress['total_steps']}",
+            _fmt(job["metrics"].get("loss")), _fmt((job["result"] or {}).get("auc", job["metrics"].get("eval_auc"))),
+            job["created_at"][:19].replace("T", " "), job["reason"],
+        )
+    console.print(table)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, int | float) else "-"
+
+
+@app.command()
+def status(job_id: str, server: ServerOption = "http://127.0.0.1:8080") -> None:
+    """Show one job: state, progress, metrics, checkpoint and its events."""
+    with _client(server) as client:
+        try:
+            job = client.job(job_id)
+        except ApiError as error:
+            _fail(error)
+    progress = job["progress"]
+    console.print(f"[bold]{job['id']}[/bold]  {_state(job['state'])}  {job['reason']}: {job['message']}")
+    console.print(f"progress   {progress['step']}/{progress['total_steps']} steps ({progress['fraction']:.0%})")
+    if job["queue_position"]:
+        console.print(f"queue      position {job['queue_position']}")
+    if job["metrics"]:
+        console.print("metrics    " + ", ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}"
+                                                for k, v in job["metrics"].items()))
+    if job["result"]:
+        console.print("result     " + ", ".join(f"{k}={_fmt(v)}" for k, v in job["result"].items()))
+    console.print(f"checkpoint {job['checkpoint'] or '-'}")
+    events = Table("TIME", "STATE", "REASON", "MESSAGE", title="events")
+    for event in job["events"]:
+        events.add_row(event["time"][:19].replace("T", " "), _state(event["state"]), event["reason"],
+                       event["message"])
+    console.print(events)
+
+
+@app.command()
+def cancel(job_id: str, server: ServerOption = "http://127.0.0.1:8080") -> None:
+    """Cancel a job; a running one saves a checkpoint before it stops."""
+    with _client(server) as client:
+        try:
+            job = client.cancel(job_id)
+        except ApiError as error:
+            _fail(error)
+    console.print(f"{job['id']}: {_state(job['state'])}" + (" (stopping)" if job["state"] not in TERMINAL else ""))
+
+
+@app.command()
+def logs(
+    job_id: str,
+    tail: Annotated[int | None, typer.Option(help="Only the last N lines of each node.")] = None,
+    server: ServerOption = "http://127.0.0.1:8080",
+) -> None:
+    """Print a job's trainer logs."""
+    with _client(server) as client:
+        try:
+            sys.stdout.write(client.logs(job_id, tail=tail))
+        except ApiError as error:
+            _fail(error)
+
+
+# ----------------------------------------------------------------------------------------------- follow
+def follow_job(client: Client, job_id: str, *, poll_s: float = 1.0) -> dict[str, Any]:
+    """A live progress bar (step, loss, samples/s) and the job's events, until the job ends."""
+    seen_events = 0
+    columns = (
+        TextColumn("[bold]{task.fields[state]:<10}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[speed]} samples/s"), TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task(job_id, total=None, state="QUEUED", loss="-", speed="-")
+        while True:
+            try:
+                job = client.job(job_id)
+            except ApiError as error:
+                _fail(error)
+            for event in job["events"][seen_events:]:
+                bar.console.print(f"  {event['time'][11:19]}  {_state(event['state']):<10} {event['reason']}: "
+                                  f"{event['message']}")
+            seen_events = len(job["events"])
+            progress, metrics = job["progress"], job["metrics"]
+            speed = metrics.get("samples_per_sec")
+            bar.update(task, completed=progress["step"], total=progress["total_steps"] or None, state=job["state"],
+                       loss=_fmt(metrics.get("loss")), speed=f"{speed:,.0f}" if speed else "-")
+            if job["state"] in TERMINAL:
+                break
+            time.sleep(poll_s)
+    _print_outcome(job)
+    return job
+
+
+def _print_outcome(job: dict[str, Any]) -> None:
+    console.print(f"\nfinal state: {_state(job['state'])} ({job['reason']})")
+    for name, value in (job["result"] or {}).items():
+        console.print(f"eval {name}: [bold]{_fmt(value)}[/bold]")
+    console.print(f"checkpoint: {job['checkpoint'] or '-'}")
+
+
+def _exit_with(job: dict[str, Any]) -> None:
+    raise typer.Exit(0 if job["state"] == "SUCCEEDED" else 1)
+
+
+# ----------------------------------------------------------------------------------------------- demo
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(client: Client, server: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            _fail(RuntimeError(f"the server exited with code {server.returncode}"))
+        try:
+            client.health()
+            return
+        except Exception:  # noqa: BLE001 (not up yet)
+            time.sleep(0.3)
+    _fail(TimeoutError(f"the server did not answer within {timeout_s:.0f}s"))
+
+
+@app.command()
+def demo(
+    data_dir: Annotated[Path, typer.Option(help="Where the demo server keeps its state (emptied first).")] = Path(
+        ".kembed/demo"
+    ),
+) -> None:
+    """Start the embedded server, submit the sample DLRM job over HTTP and follow it to the end."""
+    shutil.rmtree(data_dir, ignore_errors=True)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    console.rule("kembed demo")
+    console.print(f"starting the embedded server on {url} (data in {data_dir})")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "kembed_api.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)],
+        stdout=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        with Client(url) as client:
+            _wait_healthy(client, server)
+            spec = yaml.safe_load(resources.files("kembed_api.samples").joinpath("demo-ctr.yaml").read_text())
+            console.print(f"POST {url}/v1/jobs  (sample job: {spec['name']}, DLRM on synthetic Zipf click data)")
+            job = client.submit(spec)
+            console.print(f"submitted [bold]{job['id']}[/bold]")
+            job = follow_job(client, job["id"])
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=120)
+    _exit_with(job)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,77 @@
+"""A small HTTP client of the kembed API (used by the CLI; handy in notebooks and tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+__all__ = ["ApiError", "Client"]
+
+
+class ApiError(RuntimeError):
+    """The API said no; `str()` is a readable explanation naming the field at fault."""
+
+    def __init__(self, status_code: int, detail: Any) -> None:
+        self.status_code, self.detail = status_code, detail
+        super().__init__(f"HTTP {status_code}: {format_detail(detail)}")
+
+
+def format_detail(detail: Any) -> str:
+    """FastAPI's validation errors as `field.path: message` lines; any other detail as it is."""
+    if isinstance(detail, list):
+        lines = []
+        for error in detail:
+            location = ".".join(str(part) for part in error.get("loc", []) if part != "body")
+            lines.append(f"{location}: {error.get('msg')}" if location else str(error.get("msg")))
+        return "\n".join(lines)
+    return str(detail)
+
+
+class Client:
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = self._http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise ApiError(response.status_code, detail)
+        return response
+
+    def health(self) -> dict[str, Any]:
+        return self._call("GET", "/healthz").json()
+
+    def submit(self, spec: dict[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._call("POST", "/v1/jobs", json=spec, headers=headers).json()
+
+    def jobs(self, *, states: list[str] | None = None, limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        if states:
+            params["state"] = states
+        if cursor:
+            params["cursor"] = cursor
+        return self._call("GET", "/v1/jobs", params=params).json()
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}").json()
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel").json()
+
+    def logs(self, job_id: str, *, tail: int | None = None) -> str:
+        return self._call("GET", f"/v1/jobs/{job_id}/logs", params={"tail": tail} if tail else {}).text

@@ -1,0 +1,89 @@
+"""Database engine, sessions and the declarative base; migrations are Alembic's (see migrations/)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import DateTime, Engine, create_engine, event
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.types import TypeDecorator
+
+__all__ = ["Base", "Database", "UTCDateTime", "utcnow", "upgrade_to_head"]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator):
+    """Timezone-aware UTC datetimes on every backend (SQLite would otherwise hand back naive ones)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime given to the database; use kembed_api.db.utcnow()")
+        return value
+
+    def process_result_value(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL lets the dispatcher write while HTTP handlers read; busy_timeout turns lock contention into waiting.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+class Database:
+    """One engine and session factory per process."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        if url.startswith("sqlite"):
+            path = url.split("///", 1)[-1]
+            if path and path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.engine: Engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        else:
+            self.engine = create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A unit of work: committed when the block ends normally, rolled back on error."""
+        with self._sessions() as session:
+            try:
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def upgrade_to_head(database_url: str) -> None:
+    """The prestart step: bring the schema to the newest migration (idempotent)."""
+    config = Config()
+    config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    command.upgrade(config, "head")

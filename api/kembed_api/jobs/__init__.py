@@ -1,0 +1,1 @@
+"""Jobs: submission, state machine, events, progress reports, logs."""

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from kembed_api.db import Base, UTCDateTime, utcnow
+
+__all__ = ["Job", "JobEvent", "JobMetric"]
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
+        Index("ix_jobs_tenant_state", "tenant_id", "state"),
+    )
+
+    # `seq` orders the queue (FIFO within a priority) and pages lists; `id` is the public, DNS-safe name.
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(63), unique=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(String(48))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
+
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(Text, default="")
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
+    restart_count: Mapped[int] = mapped_column(Integer, default=0)
+
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    admitted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    total_steps: Mapped[int] = mapped_column(Integer, default=0)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    checkpoint_uri: Mapped[str | None] = mapped_column(Text, default=None)
+    checkpoint_step: Mapped[int | None] = mapped_column(Integer, default=None)
+
+    # What the backend needs to find the job's processes or resources again after a restart.
+    backend_state: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # Trainers authenticate their progress reports with a per-job token; only its hash is stored.
+    report_token_hash: Mapped[str | None] = mapped_column(String(64), default=None)
+
+
+class JobEvent(Base):
+    """One state change (or notable moment) of a job, with when and why."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_seq: Mapped[int] = mapped_column(ForeignKey("jobs.seq", ondelete="CASCADE"), index=True)
+    time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(Text, default="")
+
+
+class JobMetric(Base):
+    """One record the trainer reported (progress, eval, checkpoint), kept as a series."""
+
+    __tablename__ = "job_metrics"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_seq: Mapped[int] = mapped_column(ForeignKey("jobs.seq", ondelete="CASCADE"), index=True)
+    time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    event: Mapped[str] = mapped_column(String(32))
+    step: Mapped[int] = mapped_column(Integer)
+    values: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -1,0 +1,89 @@
+"""What the jobs API accepts and returns (never ORM objects)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kembed_api.spec import JobSpec, JobState
+
+__all__ = ["JobCreate", "JobEventRead", "JobList", "JobMetricRead", "JobRead", "Progress", "ReportRecord"]
+
+JobCreate = JobSpec
+
+
+class Progress(BaseModel):
+    step: int = Field(description="Last optimizer step the trainer reported.")
+    total_steps: int = Field(description="Steps the job runs in all (0 until the trainer starts).")
+    fraction: float = Field(description="step / total_steps, 0..1.")
+
+
+class JobEventRead(BaseModel):
+    time: datetime
+    state: JobState
+    reason: str
+    message: str
+
+
+class JobRead(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "ctr-dlrm-x7k2p",
+                    "name": "ctr-dlrm",
+                    "tenant": "default",
+                    "state": "RUNNING",
+                    "reason": "Started",
+                    "message": "2 trainer processes on 1 node",
+                    "progress": {"step": 120, "total_steps": 400, "fraction": 0.3},
+                    "metrics": {"loss": 0.52, "samples_per_sec": 41000.0},
+                }
+            ]
+        }
+    )
+
+    id: str
+    name: str
+    tenant: str
+    state: JobState
+    reason: str = Field(description="CamelCase reason of the last state change.")
+    message: str = Field(description="Human-readable detail of the last state change.")
+    priority: int
+    restart_count: int
+    created_at: datetime
+    admitted_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    progress: Progress
+    metrics: dict[str, Any] = Field(description="The latest progress and eval values the trainer reported.")
+    result: dict[str, Any] | None = Field(description="Final eval metrics, once the job succeeded.")
+    checkpoint: str | None = Field(description="URI of the latest complete checkpoint.")
+    checkpoint_step: int | None
+    queue_position: int | None = Field(None, description="1 = next to be admitted (QUEUED jobs only).")
+    spec: JobSpec
+    events: list[JobEventRead] = Field(default_factory=list)
+
+
+class JobList(BaseModel):
+    items: list[JobRead]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
+
+
+class JobMetricRead(BaseModel):
+    time: datetime
+    event: str
+    step: int
+    values: dict[str, Any]
+
+
+class ReportRecord(BaseModel):
+    """One JSON line of the trainer (see docs/trainer.md); unknown keys are kept as metric values."""
+
+    model_config = ConfigDict(extra="allow")
+
+    event: str = Field(max_length=32)
+    step: int = Field(ge=0)
+    time: float | None = None

@@ -1,0 +1,296 @@
+"""Jobs: the state machine and everything that reads or changes a job. Pure logic over a Session."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+import string
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from kembed_api.db import utcnow
+from kembed_api.jobs.models import Job, JobEvent, JobMetric
+from kembed_api.jobs.schemas import JobEventRead, JobList, JobMetricRead, JobRead, Progress, ReportRecord
+from kembed_api.spec import ACTIVE_STATES, TERMINAL_STATES, JobSpec, JobState
+from kembed_api.tenants.models import Tenant
+
+__all__ = [
+    "InvalidTransition",
+    "JobNotFound",
+    "apply_report",
+    "get_job",
+    "hash_token",
+    "list_events",
+    "list_jobs",
+    "list_metrics",
+    "new_report_token",
+    "read_job",
+    "request_cancel",
+    "submit",
+    "to_read",
+    "transition",
+    "verify_report_token",
+]
+
+Clock = Callable[[], datetime]
+
+# Which state may follow which. Anything else is a bug in the caller, so it raises.
+_ALLOWED: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({JobState.ADMITTED, JobState.CANCELLED, JobState.FAILED}),
+    JobState.ADMITTED: frozenset(
+        {JobState.RUNNING, JobState.RESTARTING, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED}
+    ),
+    JobState.RUNNING: frozenset(
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.RESTARTING, JobState.PREEMPTED}
+    ),
+    JobState.RESTARTING: frozenset(
+        {JobState.RUNNING, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.RESTARTING}
+    ),
+    JobState.PREEMPTED: frozenset({JobState.QUEUED, JobState.CANCELLED}),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+
+class JobNotFound(LookupError):
+    """No such job for this tenant (another tenant's job is indistinguishable from a missing one)."""
+
+
+class InvalidTransition(RuntimeError):
+    pass
+
+
+def _new_job_id(name: str) -> str:
+    alphabet = string.ascii_lowercase + string.digits
+    return f"{name}-{''.join(secrets.choice(alphabet) for _ in range(5))}"
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_report_token() -> tuple[str, str]:
+    """A fresh per-job token and its hash; only the hash is stored."""
+    token = secrets.token_urlsafe(32)
+    return token, hash_token(token)
+
+
+def verify_report_token(job: Job, token: str) -> bool:
+    return job.report_token_hash is not None and hmac.compare_digest(job.report_token_hash, hash_token(token))
+
+
+def transition(
+    session: Session, job: Job, state: JobState, *, reason: str, message: str = "", now: datetime | None = None
+) -> None:
+    """Move `job` to `state`, stamp the times and record the event."""
+    current = JobState(job.state)
+    if state not in _ALLOWED[current]:
+        raise InvalidTransition(f"job {job.id}: {current} -> {state} is not allowed")
+    now = now or utcnow()
+    job.state, job.reason, job.message = state, reason, message
+    if state is JobState.ADMITTED:
+        job.admitted_at = now
+    elif state is JobState.RUNNING and job.started_at is None:
+        job.started_at = now
+    elif state in TERMINAL_STATES:
+        job.finished_at = now
+    session.add(JobEvent(job_seq=job.seq, time=now, state=state, reason=reason, message=message))
+
+
+def submit(
+    session: Session,
+    *,
+    tenant: Tenant,
+    spec: JobSpec,
+    checkpoint_root: str,
+    idempotency_key: str | None = None,
+    now: datetime | None = None,
+) -> tuple[Job, bool]:
+    """Store a QUEUED job. Returns (job, created); a repeated idempotency key returns the first job."""
+    if idempotency_key is not None:
+        existing = session.scalar(
+            select(Job).where(Job.tenant_id == tenant.id, Job.idempotency_key == idempotency_key)
+        )
+        if existing is not None:
+            return existing, False
+    now = now or utcnow()
+    job_id = _new_job_id(spec.name)
+    if spec.trainer.checkpoint.uri is None:
+        # Checkpoints are namespaced by tenant so no tenant is ever handed another's path.
+        spec = spec.model_copy(deep=True)
+        spec.trainer.checkpoint.uri = f"{checkpoint_root}/{tenant.name}/{job_id}"
+    job = Job(
+        id=job_id,
+        tenant_id=tenant.id,
+        name=spec.name,
+        spec=spec.model_dump(mode="json"),
+        priority=spec.priority,
+        idempotency_key=idempotency_key,
+        state=JobState.QUEUED,
+        reason="Submitted",
+        message="waiting for admission",
+        created_at=now,
+        total_steps=spec.trainer.training.steps,
+        metrics={},
+        backend_state={},
+    )
+    session.add(job)
+    session.flush()
+    session.add(JobEvent(job_seq=job.seq, time=now, state=JobState.QUEUED, reason="Submitted",
+                         message="waiting for admission"))
+    return job, True
+
+
+def get_job(session: Session, *, tenant: Tenant, job_id: str, for_update: bool = False) -> Job:
+    query = select(Job).where(Job.id == job_id, Job.tenant_id == tenant.id)
+    if for_update:
+        query = query.with_for_update()
+    job = session.scalar(query)
+    if job is None:
+        raise JobNotFound(job_id)
+    return job
+
+
+def _encode_cursor(seq: int) -> str:
+    return base64.urlsafe_b64encode(str(seq).encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> int:
+    try:
+        return int(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode())
+    except ValueError as error:
+        raise ValueError("cursor is not one this API returned") from error
+
+
+def list_jobs(
+    session: Session, *, tenant: Tenant, states: list[JobState] | None = None, limit: int = 50,
+    cursor: str | None = None,
+) -> JobList:
+    """Newest first, `limit` at a time."""
+    query = select(Job).where(Job.tenant_id == tenant.id).order_by(Job.seq.desc()).limit(limit + 1)
+    if states:
+        query = query.where(Job.state.in_([s.value for s in states]))
+    if cursor:
+        query = query.where(Job.seq < _decode_cursor(cursor))
+    jobs = list(session.scalars(query))
+    page, more = jobs[:limit], len(jobs) > limit
+    positions = _queue_positions(session, tenant_id=tenant.id)
+    return JobList(
+        items=[to_read(job, tenant_name=tenant.name, queue_position=positions.get(job.seq)) for job in page],
+        next_cursor=_encode_cursor(page[-1].seq) if more else None,
+    )
+
+
+def _queue_positions(session: Session, *, tenant_id: int) -> dict[int, int]:
+    """Position of each QUEUED job of a tenant in admission order (priority, then FIFO)."""
+    seqs = session.scalars(
+        select(Job.seq)
+        .where(Job.tenant_id == tenant_id, Job.state == JobState.QUEUED)
+        .order_by(Job.priority.desc(), Job.seq)
+    )
+    return {seq: position for position, seq in enumerate(seqs, start=1)}
+
+
+def list_events(session: Session, *, job: Job) -> list[JobEventRead]:
+    events = session.scalars(select(JobEvent).where(JobEvent.job_seq == job.seq).order_by(JobEvent.id))
+    return [JobEventRead(time=e.time, state=JobState(e.state), reason=e.reason, message=e.message) for e in events]
+
+
+def list_metrics(session: Session, *, job: Job, event: str | None = None, limit: int = 1000) -> list[JobMetricRead]:
+    query = select(JobMetric).where(JobMetric.job_seq == job.seq).order_by(JobMetric.id).limit(limit)
+    if event:
+        query = query.where(JobMetric.event == event)
+    return [JobMetricRead(time=m.time, event=m.event, step=m.step, values=m.values) for m in session.scalars(query)]
+
+
+def to_read(
+    job: Job, *, tenant_name: str, queue_position: int | None = None, events: list[JobEventRead] | None = None
+) -> JobRead:
+    total = job.total_steps
+    return JobRead(
+        id=job.id,
+        name=job.name,
+        tenant=tenant_name,
+        state=JobState(job.state),
+        reason=job.reason,
+        message=job.message,
+        priority=job.priority,
+        restart_count=job.restart_count,
+        created_at=job.created_at,
+        admitted_at=job.admitted_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        progress=Progress(step=job.step, total_steps=total, fraction=min(1.0, job.step / total) if total else 0.0),
+        metrics=job.metrics,
+        result=job.result,
+        checkpoint=job.checkpoint_uri,
+        checkpoint_step=job.checkpoint_step,
+        queue_position=queue_position,
+        spec=JobSpec.model_validate(job.spec),
+        events=events or [],
+    )
+
+
+def read_job(session: Session, *, tenant: Tenant, job_id: str) -> JobRead:
+    job = get_job(session, tenant=tenant, job_id=job_id)
+    position = _queue_positions(session, tenant_id=tenant.id).get(job.seq) if job.state == JobState.QUEUED else None
+    return to_read(job, tenant_name=tenant.name, queue_position=position, events=list_events(session, job=job))
+
+
+def request_cancel(session: Session, *, tenant: Tenant, job_id: str, now: datetime | None = None) -> Job:
+    """Cancel at once what has not started; ask the dispatcher to stop what runs (it saves a checkpoint)."""
+    job = get_job(session, tenant=tenant, job_id=job_id, for_update=True)
+    state = JobState(job.state)
+    if state in TERMINAL_STATES:
+        return job
+    if state in (JobState.QUEUED, JobState.PREEMPTED):
+        transition(session, job, JobState.CANCELLED, reason="Cancelled", message="cancelled before it started",
+                   now=now)
+    else:
+        job.cancel_requested = True
+        session.add(JobEvent(job_seq=job.seq, time=now or utcnow(), state=job.state, reason="CancelRequested",
+                             message="stopping the trainer; it saves a checkpoint first"))
+    return job
+
+
+# Keys of a report that are bookkeeping, not metric values.
+_RECORD_KEYS = frozenset({"event", "step", "time", "total_steps"})
+
+
+def apply_report(session: Session, *, job: Job, record: ReportRecord, now: datetime | None = None) -> None:
+    """Fold one trainer record into the job: progress, latest metrics, checkpoint, final result."""
+    values: dict[str, Any] = {k: v for k, v in record.model_dump().items() if k not in _RECORD_KEYS}
+    if JobState(job.state) in TERMINAL_STATES:
+        return  # late records of a finished job change nothing
+    job.step = max(job.step, record.step) if record.event != "started" else record.step
+    if record.model_extra and isinstance(record.model_extra.get("total_steps"), int):
+        job.total_steps = record.model_extra["total_steps"]
+    if record.event == "progress":
+        job.metrics = {**job.metrics, **values}
+    elif record.event == "eval":
+        job.metrics = {**job.metrics, **{f"eval_{k}": v for k, v in values.items()}}
+    elif record.event == "checkpoint" and isinstance(values.get("uri"), str):
+        job.checkpoint_uri, job.checkpoint_step = values["uri"], record.step
+    elif record.event == "done":
+        job.result = values.get("eval") if isinstance(values.get("eval"), dict) else {}
+        if isinstance(values.get("checkpoint"), str):
+            job.checkpoint_uri, job.checkpoint_step = values["checkpoint"], record.step
+    session.add(JobMetric(job_seq=job.seq, time=now or utcnow(), event=record.event, step=record.step,
+                          values=values))
+
+
+def count_active_processes(session: Session) -> int:
+    """Trainer processes held by admitted jobs (the local backend's slot usage)."""
+    specs = session.scalars(select(Job.spec).where(Job.state.in_([s.value for s in ACTIVE_STATES])))
+    return sum(JobSpec.model_validate(spec).resources.num_processes for spec in specs)
+
+
+def count_jobs(session: Session, *, tenant: Tenant, state: JobState) -> int:
+    return session.scalar(select(func.count()).where(Job.tenant_id == tenant.id, Job.state == state)) or 0

@@ -1,0 +1,90 @@
+"""Settings of the API server, one typed object read from the environment (prefix ``KEMBED_``)."""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Backend", "Settings"]
+
+
+class Backend(StrEnum):
+    local = "local"
+    kubernetes = "kubernetes"
+
+
+def _default_local_slots() -> int:
+    # One slot is one trainer process; more processes than cores only makes every job slower.
+    return max(2, os.cpu_count() or 2)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KEMBED_", extra="forbid")
+
+    data_dir: Path = Field(
+        Path(".kembed"),
+        description="Where the embedded default keeps its SQLite database, job logs and file:// checkpoints.",
+    )
+    database_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL. Unset means SQLite at <data_dir>/kembed.db (the embedded default); "
+        "production uses postgresql+psycopg://...",
+    )
+    host: str = Field("127.0.0.1", description="Address the HTTP server binds to; loopback unless asked.")
+    port: int = Field(8080, ge=1, le=65535, description="TCP port of the HTTP server.")
+    public_url: str | None = Field(
+        None,
+        description="URL trainers use to report progress back. Unset means http://<host>:<port> "
+        "(127.0.0.1 when bound to all interfaces).",
+    )
+    backend: Backend = Field(Backend.local, description="Where admitted jobs run.")
+    local_slots: int = Field(
+        default_factory=_default_local_slots,
+        ge=1,
+        description="Trainer processes the local backend runs at once (nodes x procs_per_node per job); "
+        "jobs that do not fit wait in the queue. Defaults to the number of cores (at least 2).",
+    )
+    checkpoint_root: str | None = Field(
+        None,
+        description="Where jobs without their own checkpoint.uri write checkpoints, as a URI "
+        "(file:// or s3://). Unset means file://<data_dir>/checkpoints.",
+    )
+    dispatch_interval_s: float = Field(
+        0.5, gt=0, description="Seconds between dispatcher passes (it also wakes at once on submit/exit)."
+    )
+    stop_grace_s: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a stopping trainer gets to write its SIGTERM checkpoint before it is killed.",
+    )
+    default_tenant: str = Field(
+        "default", description="The built-in tenant of the embedded default (no tokens needed)."
+    )
+
+    @model_validator(mode="after")
+    def _resolve_paths(self) -> Settings:
+        self.data_dir = self.data_dir.expanduser().resolve()
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'kembed.db'}"
+
+    @property
+    def resolved_public_url(self) -> str:
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def resolved_checkpoint_root(self) -> str:
+        return (self.checkpoint_root or (self.data_dir / "checkpoints").as_uri()).rstrip("/")
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.data_dir / "logs"

@@ -1,0 +1,139 @@
+"""The job spec and job states: the one vocabulary the API, the operator and the CLI share.
+
+The spec is defined once here (pydantic); the trainer section is the trainer's own config model, so a job that
+validates here is a job the trainer accepts.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kembed_trainer.config import TrainerConfig
+
+__all__ = [
+    "ACTIVE_STATES",
+    "TERMINAL_STATES",
+    "JobSpec",
+    "JobState",
+    "Resources",
+    "parse_quantity",
+]
+
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T|m)?$")
+_QUANTITY_FACTORS = {
+    None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+}
+
+
+def parse_quantity(value: str | int | float) -> float:
+    """A Kubernetes resource quantity ("4Gi", "500m", 2) as a plain number."""
+    if isinstance(value, int | float):
+        return float(value)
+    match = _QUANTITY.match(value.strip())
+    if not match:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity such as 512Mi, 4Gi or 500m")
+    return float(match.group(1)) * _QUANTITY_FACTORS[match.group(2)]
+
+
+class JobState(StrEnum):
+    QUEUED = "QUEUED"
+    ADMITTED = "ADMITTED"
+    RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"
+    PREEMPTED = "PREEMPTED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+# States that hold an admission (quota, local slots) until the job ends or goes back to the queue.
+ACTIVE_STATES = frozenset({JobState.ADMITTED, JobState.RUNNING, JobState.RESTARTING})
+
+
+class Resources(BaseModel):
+    """What one job asks for; admission is all-or-nothing over nodes x these."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: int = Field(1, ge=1, le=256, description="Pods (machines) in the gang.")
+    procs_per_node: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Trainer processes (ranks) per node. Defaults to gpus_per_node, or 1 without GPUs.",
+    )
+    gpus_per_node: int = Field(0, ge=0, le=16, description="nvidia.com/gpu per node.")
+    cpu_per_node: float = Field(1.0, gt=0, le=512, description="CPU cores requested per node.")
+    memory_per_node: str = Field("2Gi", description="Memory per node as a Kubernetes quantity, e.g. 16Gi.")
+
+    @field_validator("memory_per_node")
+    @classmethod
+    def _memory_is_quantity(cls, value: str) -> str:
+        if parse_quantity(value) <= 0:
+            raise ValueError("must be more than zero")
+        return value
+
+    @model_validator(mode="after")
+    def _default_procs(self) -> Resources:
+        if self.procs_per_node is None:
+            self.procs_per_node = self.gpus_per_node or 1
+        if self.gpus_per_node and self.procs_per_node > self.gpus_per_node:
+            raise ValueError(
+                f"procs_per_node ({self.procs_per_node}) cannot exceed gpus_per_node ({self.gpus_per_node}): "
+                "each GPU rank needs its own GPU"
+            )
+        return self
+
+    @property
+    def num_processes(self) -> int:
+        return self.nodes * (self.procs_per_node or 1)
+
+    @property
+    def memory_bytes_per_node(self) -> int:
+        return int(parse_quantity(self.memory_per_node))
+
+
+class JobSpec(BaseModel):
+    """An embedding-training job as a user submits it (JSON over HTTP, YAML to the CLI)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "ctr-dlrm",
+                    "resources": {"nodes": 1, "procs_per_node": 2},
+                    "trainer": {"training": {"steps": 100}},
+                }
+            ]
+        },
+    )
+
+    name: Annotated[str, Field(min_length=1, max_length=48)] = Field(
+        description="DNS label (lowercase letters, digits, '-'); the job id is the name plus a random suffix."
+    )
+    priority: int = Field(0, ge=-1000, le=1000, description="Higher runs first within a tenant's queue.")
+    resources: Resources = Field(default_factory=Resources)
+    max_restarts: int = Field(
+        2, ge=0, le=100, description="Gang restarts from the last checkpoint after a retryable failure."
+    )
+    image: str | None = Field(None, description="Trainer image (Kubernetes backend); the platform default if unset.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Free-form labels shown with the job.")
+    trainer: TrainerConfig = Field(description="The trainer's configuration (see docs/job-spec.md).")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_dns_label(cls, value: str) -> str:
+        if not _DNS_LABEL.match(value):
+            raise ValueError(
+                "must be a DNS label: lowercase letters, digits and '-', starting with a letter, "
+                "not ending with '-'"
+            )
+        return value
