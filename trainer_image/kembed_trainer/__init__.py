@@ -1,0 +1,1 @@
+"""kembed's trainer: sparse-embedding models trained with torchrun; see docs/trainer.md."""

@@ -1,0 +1,102 @@
+"""Training as a user sees it: loss goes down, ranks cooperate, SIGTERM checkpoints and the rerun resumes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+
+from kembed_trainer import config, dist, report, train
+
+from tests.trainer.conftest import (
+    REPO,
+    records,
+    run_trainer,
+    tiny_config,
+    trainer_command,
+    trainer_env,
+    write_config,
+)
+
+
+def train_in_process(cfg: dict) -> tuple[int, list[dict]]:
+    out = io.StringIO()
+    env = dist.setup("gloo", threads=1)
+    code = train.Trainer(
+        config.TrainerConfig.model_validate(cfg), env, report.Reporter(enabled=True, out=out)
+    ).train()
+    return code, [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_single_process_training_lowers_loss_and_learns_the_signal(ckpt_uri):
+    code, recs = train_in_process(tiny_config(checkpoint={"uri": ckpt_uri}))
+    assert code == 0
+    losses = [r["loss"] for r in recs if r["event"] == "progress"]
+    assert losses[-1] < losses[0] - 0.05
+    done = recs[-1]
+    assert done["event"] == "done" and done["step"] == 60
+    assert done["eval"]["auc"] > 0.7
+    assert done["checkpoint"] == f"{ckpt_uri}/step-60"
+
+
+def test_records_have_the_contract_fields(tmp_path, ckpt_uri):
+    code, recs = train_in_process(
+        tiny_config(checkpoint={"uri": ckpt_uri, "every_steps": 30}, training={"steps": 40})
+    )
+    assert code == 0
+    events = [r["event"] for r in recs]
+    assert events == ["started", *["progress"] * 3, "checkpoint", "progress", "eval", "checkpoint", "done"]
+    assert all({"event", "step", "time"} <= r.keys() for r in recs)
+    assert recs[0] | {"time": 0} == {
+        "event": "started",
+        "step": 0,
+        "time": 0,
+        "total_steps": 40,
+        "world_size": 1,
+        "resumed_from": None,
+    }
+    progress = recs[1]
+    assert {"total_steps", "loss", "samples_per_sec", "unique_ids_per_step", "memory_mb"} <= progress.keys()
+    ckpt = recs[4]
+    assert ckpt["uri"] == f"{ckpt_uri}/step-30" and ckpt["num_bytes"] > 0 and ckpt["seconds"] >= 0
+    assert os.path.exists(f"{ckpt_uri.removeprefix('file://')}/step-30/COMPLETE")
+
+
+def test_two_ranks_with_gloo_complete(tmp_path, ckpt_uri):
+    path = write_config(
+        tmp_path / "c.yaml", tiny_config(checkpoint={"uri": ckpt_uri}, training={"steps": 30})
+    )
+    code, recs, stderr = run_trainer(path, nproc=2)
+    assert code == 0, stderr
+    assert recs[0]["world_size"] == 2
+    assert [r["event"] for r in recs].count("started") == 1  # only rank 0 reports
+    assert recs[-1]["event"] == "done" and recs[-1]["eval"]["auc"] > 0.6
+
+
+def test_sigterm_checkpoints_and_the_rerun_resumes(tmp_path, ckpt_uri):
+    path = write_config(
+        tmp_path / "c.yaml",
+        tiny_config(
+            checkpoint={"uri": ckpt_uri, "every_steps": 0}, training={"steps": 100000, "log_every": 5}
+        ),
+    )
+    proc = subprocess.Popen(
+        trainer_command(path), env=trainer_env(), stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    for line in proc.stdout:
+        if '"progress"' in line:  # training is under way
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    saved = [r for r in records(out) if r["event"] == "checkpoint"]
+    assert len(saved) == 1
+    stopped_at = saved[0]["step"]
+
+    write_config(path, tiny_config(checkpoint={"uri": ckpt_uri}, training={"steps": stopped_at + 10}))
+    code, recs, stderr = run_trainer(path)
+    assert code == 0, stderr
+    assert recs[0]["resumed_from"] == saved[0]["uri"] and recs[0]["step"] == stopped_at
+    assert recs[-1]["event"] == "done" and recs[-1]["step"] == stopped_at + 10

@@ -1,0 +1,42 @@
+"""`python -m kembed_trainer --config PATH_OR_URI`, alone or under torchrun.
+
+Exit codes: 0 done; 2 bad config (one line naming the field); 143 stopped by SIGTERM after a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kembed_trainer import config
+
+EXIT_BAD_CONFIG = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kembed_trainer", description=__doc__)
+    parser.add_argument("--config", required=True, help="YAML or JSON file: a path, file:// or s3:// URI")
+    args = parser.parse_args(argv)
+    try:
+        cfg = config.load_config(args.config)
+    except config.ValidationError as exc:
+        print(f"config error: {config.format_validation_error(exc)}", file=sys.stderr, flush=True)
+        return EXIT_BAD_CONFIG
+    except (OSError, ValueError) as exc:  # unreadable file, YAML syntax, not a mapping
+        print(f"config error: {exc}".splitlines()[0], file=sys.stderr, flush=True)
+        return EXIT_BAD_CONFIG
+
+    # Heavy imports only after the config is known to be good, so a typo fails in milliseconds.
+    from kembed_trainer import dist, report, train
+
+    env = dist.setup(cfg.distributed.backend, cfg.training.threads)
+    reporter = report.Reporter.from_env(enabled=env.is_main)
+    try:
+        return train.Trainer(cfg, env, reporter).train()
+    finally:
+        reporter.close()
+        dist.teardown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

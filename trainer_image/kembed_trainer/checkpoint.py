@@ -1,0 +1,118 @@
+"""Checkpoints with torch.distributed.checkpoint (DCP) through fsspec: `<uri>/step-N/`, complete or ignored.
+
+Every rank writes its part of a step folder; once DCP has written its metadata, rank 0 adds a `COMPLETE`
+marker. Only folders with the marker are ever loaded, so a save cut short (SIGKILL, node loss) costs only that
+save. DCP keys tensors by name, so a checkpoint written by N ranks loads on M.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+__all__ = ["Checkpointer", "SavedCheckpoint", "normalize_uri"]
+
+MARKER = "COMPLETE"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def normalize_uri(uri: str) -> str:
+    """A plain path becomes an absolute `file://` URI, so records always carry a URI."""
+    if "://" in uri:
+        return uri.rstrip("/")
+    return "file://" + os.path.abspath(uri)
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    step: int
+    uri: str
+    num_bytes: int
+    seconds: float
+
+
+class Checkpointer:
+    def __init__(self, uri: str, *, keep: int, is_main: bool) -> None:
+        self.uri = normalize_uri(uri)
+        self.keep = keep
+        self.is_main = is_main
+        self.fs, self.root = fsspec.core.url_to_fs(self.uri)
+
+    def step_uri(self, step: int) -> str:
+        return f"{self.uri}/step-{step}"
+
+    def complete_steps(self) -> list[int]:
+        """Steps with a complete checkpoint, newest first."""
+        return [s for s in self._listed_steps() if self.fs.exists(f"{self.root}/step-{s}/{MARKER}")]
+
+    def save(self, step: int, state: dict[str, Any]) -> SavedCheckpoint:
+        start = time.perf_counter()
+        path = f"{self.root}/step-{step}"
+        if self.is_main and self.fs.exists(path):
+            self.fs.rm(path, recursive=True)  # a partial save of this step from an earlier attempt
+        _barrier()
+        with warnings.catch_warnings():  # a single process without a process group is intended
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(state, storage_writer=FsspecWriter(self.step_uri(step), sync_files=False))
+        num_bytes = 0
+        if self.is_main:
+            self.fs.pipe_file(f"{path}/{MARKER}", json.dumps({"step": step}).encode())
+            num_bytes = int(self.fs.du(path))
+            self._prune()
+        _barrier()  # no rank races ahead and deletes or rewrites while rank 0 marks this one
+        return SavedCheckpoint(step, self.step_uri(step), num_bytes, time.perf_counter() - start)
+
+    def load_latest(self, state: dict[str, Any]) -> int | None:
+        """Load the newest complete checkpoint that reads back into `state`; its step, or None if none exists.
+
+        A complete checkpoint that fails to load (a file lost or corrupted later) is skipped for the one before
+        it. DCP raises on every rank when any rank fails, so all ranks skip together.
+        """
+        steps = self.complete_steps()
+        for step in steps:
+            try:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                    dcp.load(state, storage_reader=FsspecReader(self.step_uri(step)))
+                return step
+            except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint is skipped the same way
+                print(
+                    f"checkpoint {self.step_uri(step)} unreadable, trying an older one: {exc}",
+                    file=sys.stderr,
+                )
+        if steps:
+            raise RuntimeError(f"none of the complete checkpoints under {self.uri} could be loaded")
+        return None
+
+    def _listed_steps(self) -> list[int]:
+        self.fs.invalidate_cache(self.root)
+        try:
+            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)]
+        except FileNotFoundError:
+            return []
+        return sorted((int(m.group(1)) for n in names if (m := _STEP_DIR.match(n))), reverse=True)
+
+    def _prune(self) -> None:
+        """Keep the newest `keep` complete checkpoints; drop every older folder, complete or partial."""
+        kept = self.complete_steps()[: self.keep]
+        if not kept:
+            return
+        for step in self._listed_steps():
+            if step not in kept and step < kept[0]:
+                self.fs.rm(f"{self.root}/step-{step}", recursive=True)
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()

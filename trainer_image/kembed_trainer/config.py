@@ -1,0 +1,224 @@
+"""The trainer's one configuration object, validated once at the edge.
+
+Every section forbids unknown keys so that a typo is an error naming the field, not a silently ignored setting.
+The API (`kembed_api.spec`) embeds `TrainerConfig` in its job spec, so this module imports nothing heavy:
+no torch, no numpy.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "CheckpointConfig",
+    "DLRMConfig",
+    "DataConfig",
+    "DenseOptimizerConfig",
+    "DistributedConfig",
+    "EmbeddingsConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "SparseOptimizerConfig",
+    "SyntheticDataConfig",
+    "TableConfig",
+    "TrainerConfig",
+    "TrainingConfig",
+    "ValidationError",
+    "format_validation_error",
+    "load_config",
+]
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ----------------------------------------------------------------------------------------------- embeddings
+class TableConfig(_Strict):
+    """One embedding table; several features may share it (e.g. `user_id` and `friend_id`)."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Unique table name (checkpoint key).")
+    num_embeddings: PositiveInt = Field(description="Rows. With `hash_ids`, the number of hash buckets.")
+    embedding_dim: PositiveInt = Field(description="Width of each row.")
+    features: list[str] = Field(min_length=1, description="Sparse features looked up in this table.")
+    lr_scale: PositiveFloat = Field(1.0, description="Multiplies the sparse optimizer's lr for this table.")
+
+
+class EmbeddingsConfig(_Strict):
+    tables: list[TableConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> EmbeddingsConfig:
+        names = [t.name for t in self.tables]
+        if len(set(names)) != len(names):
+            raise ValueError(f"table names must be unique, got {names}")
+        features = [f for t in self.tables for f in t.features]
+        if len(set(features)) != len(features):
+            raise ValueError("a feature may be looked up in only one table")
+        return self
+
+    @property
+    def ordered_tables(self) -> list[TableConfig]:
+        """Tables grouped by width (stable), so the tables of one width are looked up in one call."""
+        return sorted(self.tables, key=lambda t: t.embedding_dim)
+
+    @property
+    def features(self) -> list[str]:
+        """All sparse features in `ordered_tables` order: the feature order of every sparse batch."""
+        return [f for t in self.ordered_tables for f in t.features]
+
+
+# ----------------------------------------------------------------------------------------------- models
+class DLRMConfig(_Strict):
+    """DLRM-style CTR model: bottom MLP over dense features, dot interaction with the pooled embeddings, top MLP."""
+
+    kind: Literal["dlrm"] = "dlrm"
+    bottom_mlp: list[PositiveInt] = Field(
+        [64, 16], min_length=1, description="Hidden sizes; the last must equal the tables' embedding_dim."
+    )
+    top_mlp: list[PositiveInt] = Field(
+        [64, 32], description="Hidden sizes before the final 1-unit logit layer (added automatically)."
+    )
+
+
+# A discriminated union on `kind`: two_tower and word2vec join it.
+ModelConfig = Annotated[DLRMConfig, Field(discriminator="kind")]
+
+
+# ----------------------------------------------------------------------------------------------- data
+class SyntheticDataConfig(_Strict):
+    """Zipf-distributed ids with a planted signal: a label a model can learn, for demos and tests."""
+
+    kind: Literal["synthetic"] = "synthetic"
+    num_dense: Annotated[int, Field(ge=0)] = Field(13, description="Dense (float) features per sample.")
+    zipf_alpha: PositiveFloat = Field(1.1, description="Id frequency ~ 1 / rank**alpha.")
+    min_hotness: PositiveInt = Field(1, description="Fewest ids per feature per sample (multi-hot).")
+    max_hotness: PositiveInt = Field(1, description="Most ids per feature per sample.")
+    signal: Annotated[float, Field(ge=0)] = Field(
+        1.0, description="Strength of the planted signal; 0 makes labels pure noise (AUC 0.5)."
+    )
+    eval_samples: PositiveInt = Field(8192, description="Held-out samples (a separate seed stream).")
+
+    @model_validator(mode="after")
+    def _hotness_order(self) -> SyntheticDataConfig:
+        if self.max_hotness < self.min_hotness:
+            raise ValueError("max_hotness must be >= min_hotness")
+        return self
+
+
+DataConfig = Annotated[SyntheticDataConfig, Field(discriminator="kind")]
+
+
+# ----------------------------------------------------------------------------------------------- optimizers
+class SparseOptimizerConfig(_Strict):
+    """Updates only the embedding rows a batch touched (lazy: untouched rows and their moments stay put)."""
+
+    name: Literal["sgd", "adagrad", "rowwise_adagrad", "adam"] = "rowwise_adagrad"
+    lr: PositiveFloat = 0.05
+    eps: PositiveFloat = 1e-8
+    beta1: Annotated[float, Field(ge=0, lt=1)] = Field(0.9, description="adam only.")
+    beta2: Annotated[float, Field(ge=0, lt=1)] = Field(0.999, description="adam only.")
+
+
+class DenseOptimizerConfig(_Strict):
+    name: Literal["adam", "adamw"] = "adam"
+    lr: PositiveFloat = 1e-3
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    beta1: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    beta2: Annotated[float, Field(ge=0, lt=1)] = 0.999
+
+
+class OptimizerConfig(_Strict):
+    sparse: SparseOptimizerConfig = SparseOptimizerConfig()
+    dense: DenseOptimizerConfig = DenseOptimizerConfig()
+
+
+# ----------------------------------------------------------------------------------------------- run
+class TrainingConfig(_Strict):
+    steps: PositiveInt = Field(description="Total optimizer steps (a resumed run continues up to this).")
+    batch_size: PositiveInt = Field(description="Samples per rank per step.")
+    seed: int = 0
+    log_every: PositiveInt = Field(10, description="Steps between `progress` records.")
+    eval_every: Annotated[int, Field(ge=0)] = Field(
+        0, description="Steps between `eval` records; 0 = evaluate only at the end."
+    )
+    threads: Annotated[int, Field(ge=0)] = Field(
+        0, description="torch intra-op threads per rank; 0 = CPU cores / local ranks."
+    )
+
+
+class CheckpointConfig(_Strict):
+    uri: str | None = Field(
+        None, description="Folder URI (`file://...` or `s3://...`, or a plain path); `step-N/` go under it."
+    )
+    every_steps: Annotated[int, Field(ge=0)] = Field(
+        0, description="Steps between checkpoints; 0 = only the final (and on SIGTERM)."
+    )
+    keep: PositiveInt = Field(3, description="Complete checkpoints kept; older ones are deleted.")
+
+    @field_validator("uri")
+    @classmethod
+    def _known_scheme(cls, uri: str | None) -> str | None:
+        if uri is not None and "://" in uri and not uri.startswith(("file://", "s3://")):
+            raise ValueError(f"only file:// and s3:// are supported, got {uri!r}")
+        return uri
+
+
+class DistributedConfig(_Strict):
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="auto = nccl when CUDA is available, else gloo."
+    )
+
+
+class TrainerConfig(_Strict):
+    model: ModelConfig = DLRMConfig()
+    embeddings: EmbeddingsConfig
+    data: DataConfig = SyntheticDataConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    training: TrainingConfig
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    distributed: DistributedConfig = DistributedConfig()
+
+    @model_validator(mode="after")
+    def _model_fits_tables(self) -> TrainerConfig:
+        if self.model.kind == "dlrm":
+            dims = {t.embedding_dim for t in self.embeddings.tables}
+            if len(dims) != 1:
+                raise ValueError(f"dlrm: all tables need the same embedding_dim, got {sorted(dims)}")
+            (dim,) = dims
+            if self.data.num_dense > 0 and self.model.bottom_mlp[-1] != dim:
+                raise ValueError(
+                    f"dlrm: bottom_mlp must end in the embedding_dim ({dim}), got {self.model.bottom_mlp}"
+                )
+        return self
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """One line naming the first field at fault: `training.steps: Input should be greater than 0`."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"].removeprefix("Value error, ")
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{loc}: {msg}{more}" if loc else f"{msg}{more}"
+
+
+def load_config(path_or_uri: str) -> TrainerConfig:
+    """Read YAML or JSON from a path, `file://` or `s3://` URI; raises ValidationError or ValueError."""
+    import fsspec  # only here: the API validates specs without fsspec installed
+
+    with fsspec.open(path_or_uri, "r", encoding="utf-8") as f:
+        text = f.read()
+    if path_or_uri.endswith(".json"):
+        raw = json.loads(text)
+    else:
+        raw = yaml.safe_load(text)  # YAML is a superset of JSON, so this reads either
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path_or_uri}: expected a mapping at the top level")  # noqa: TRY004 - bad config
+    return TrainerConfig.model_validate(raw)

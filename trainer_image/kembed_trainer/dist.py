@@ -1,0 +1,53 @@
+"""Process-group setup: torchrun's environment when present, a single process otherwise."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Env", "setup", "teardown"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Env:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def setup(backend: str, threads: int) -> Env:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    use_cuda = torch.cuda.is_available() and backend != "gloo"
+    if backend == "auto":
+        backend = "nccl" if use_cuda else "gloo"
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    # Ranks on one machine share its cores: oversubscribing them makes every rank slower.
+    torch.set_num_threads(threads or max(1, len(os.sched_getaffinity(0)) // local_world_size))
+    if world_size > 1:
+        dist.init_process_group(backend=backend, device_id=device if use_cuda else None)
+    return Env(rank, world_size, local_rank, local_world_size, device)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,89 @@
+"""Row-sparse optimizers for embedding tables: only the rows a batch touched (and their state) move.
+
+Each optimizer updates `weight[rows]` in place from `grad` (one row of gradient per entry of `rows`, rows
+unique), with a per-row learning rate so tables can scale theirs. The state is plain tensors with one entry
+per table row, so it is checkpointed, and sharded, exactly like the weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kembed_trainer import config
+
+__all__ = ["SparseOptimizer", "build_sparse_optimizer"]
+
+
+class SparseOptimizer:
+    """Base: `state_shapes` says which per-row state tensors an optimizer keeps."""
+
+    def __init__(self, cfg: config.SparseOptimizerConfig) -> None:
+        self.cfg = cfg
+
+    def init_state(self, num_rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
+        return {}
+
+    def update(
+        self,
+        weight: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        rows: torch.Tensor,
+        grad: torch.Tensor,
+        lr: torch.Tensor,
+        step: int,
+    ) -> None:
+        raise NotImplementedError
+
+
+class SGD(SparseOptimizer):
+    def update(self, weight, state, rows, grad, lr, step):
+        weight.index_add_(0, rows, grad * -lr[:, None])
+
+
+class Adagrad(SparseOptimizer):
+    def init_state(self, num_rows, dim, device):
+        return {"sum_sq": torch.zeros(num_rows, dim, device=device)}
+
+    def update(self, weight, state, rows, grad, lr, step):
+        sum_sq = state["sum_sq"][rows] + grad * grad
+        state["sum_sq"][rows] = sum_sq
+        weight[rows] -= lr[:, None] * grad / (sum_sq.sqrt() + self.cfg.eps)
+
+
+class RowwiseAdagrad(SparseOptimizer):
+    """Adagrad with one accumulator per row (mean of squared gradients): 1/dim of Adagrad's memory."""
+
+    def init_state(self, num_rows, dim, device):
+        return {"sum_sq": torch.zeros(num_rows, device=device)}
+
+    def update(self, weight, state, rows, grad, lr, step):
+        sum_sq = state["sum_sq"][rows] + grad.pow(2).mean(1)
+        state["sum_sq"][rows] = sum_sq
+        weight[rows] -= grad * (lr / (sum_sq.sqrt() + self.cfg.eps))[:, None]
+
+
+class LazyAdam(SparseOptimizer):
+    """Adam whose moments move only for touched rows (as torch.optim.SparseAdam); bias correction by step."""
+
+    def init_state(self, num_rows, dim, device):
+        return {
+            "exp_avg": torch.zeros(num_rows, dim, device=device),
+            "exp_avg_sq": torch.zeros(num_rows, dim, device=device),
+        }
+
+    def update(self, weight, state, rows, grad, lr, step):
+        b1, b2 = self.cfg.beta1, self.cfg.beta2
+        t = step + 1
+        m = state["exp_avg"][rows].mul_(b1).add_(grad, alpha=1 - b1)
+        v = state["exp_avg_sq"][rows].mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        state["exp_avg"][rows] = m
+        state["exp_avg_sq"][rows] = v
+        step_size = lr * ((1 - b2**t) ** 0.5 / (1 - b1**t))
+        weight[rows] -= step_size[:, None] * m / (v.sqrt() + self.cfg.eps)
+
+
+_OPTIMIZERS = {"sgd": SGD, "adagrad": Adagrad, "rowwise_adagrad": RowwiseAdagrad, "adam": LazyAdam}
+
+
+def build_sparse_optimizer(cfg: config.SparseOptimizerConfig) -> SparseOptimizer:
+    return _OPTIMIZERS[cfg.name](cfg)

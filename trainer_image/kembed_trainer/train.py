@@ -1,0 +1,203 @@
+"""The training loop: restore, then (step, log, evaluate, checkpoint) until done or told to stop."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel
+
+from kembed_trainer import checkpoint, config, data, embedding, metrics, models, report
+from kembed_trainer import dist as kdist
+
+__all__ = ["EXIT_PREEMPTED", "Trainer"]
+
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: the launcher restarts the job, which resumes from the checkpoint
+
+
+class Trainer:
+    def __init__(self, cfg: config.TrainerConfig, env: kdist.Env, reporter: report.Reporter) -> None:
+        self.cfg, self.env, self.reporter = cfg, env, reporter
+        torch.manual_seed(cfg.training.seed)  # the same dense init on every rank
+        self.data = data.build_data(cfg, rank=env.rank, world_size=env.world_size)
+        self.embeddings = embedding.EmbeddingCollection(
+            cfg.embeddings,
+            cfg.optimizer.sparse,
+            device=env.device,
+            seed=cfg.training.seed,
+            world_size=env.world_size,
+        )
+        dense = models.build_dense_model(cfg).to(env.device)
+        self.model = DistributedDataParallel(dense) if env.distributed else dense
+        opt = cfg.optimizer.dense
+        optim_cls = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
+        self.optimizer = optim_cls(
+            self.model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay
+        )
+        self.checkpointer = (
+            checkpoint.Checkpointer(cfg.checkpoint.uri, keep=cfg.checkpoint.keep, is_main=env.is_main)
+            if cfg.checkpoint.uri
+            else None
+        )
+        self.step = 0
+        self.stop_requested = False
+        self._last_saved: checkpoint.SavedCheckpoint | None = None
+
+    # ------------------------------------------------------------------------------------------- the loop
+    def train(self) -> int:
+        signal.signal(signal.SIGTERM, self._request_stop)
+        resumed_from = self.restore()
+        total = self.cfg.training.steps
+        self.reporter.emit(
+            "started", self.step, total_steps=total, world_size=self.env.world_size, resumed_from=resumed_from
+        )
+        window = _Window()
+        while self.step < total:
+            started = time.perf_counter()
+            loss = self.train_step()
+            self.step += 1
+            stop = self._sync_stop_and_loss(loss, window, started)
+            if self._due(self.cfg.training.log_every):
+                self.reporter.emit("progress", self.step, total_steps=total, **window.flush(self))
+            if self._due(self.cfg.training.eval_every) and self.step < total:
+                self.reporter.emit("eval", self.step, **self.evaluate())
+            if stop:
+                self.save()
+                return EXIT_PREEMPTED
+            if self._due(self.cfg.checkpoint.every_steps) and self.step < total:
+                self.save()
+        result = self.evaluate()
+        self.reporter.emit("eval", self.step, **result)
+        self.save()
+        self.reporter.emit(
+            "done", self.step, eval=result, checkpoint=self._last_saved.uri if self._last_saved else None
+        )
+        return 0
+
+    # ------------------------------------------------------------------------------------------- steps
+    def train_step(self) -> torch.Tensor:
+        batch = self.data.train_batch(self.step).to(self.env.device)
+        logits = self.model(batch.dense, self.embeddings(batch))
+        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # DDP averages the dense gradients here
+        self.optimizer.step()
+        self.embeddings.step(self.step)
+        return loss.detach()
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        scores, labels = [], []
+        for batch in self.data.eval_batches():
+            batch = batch.to(self.env.device)
+            scores.append(self.model(batch.dense, self.embeddings(batch)))
+            labels.append(batch.labels)
+        self.embeddings.discard_lookup()
+        self.model.train()
+        scores_t, labels_t = _gather(torch.cat(scores)), _gather(torch.cat(labels))
+        loss = F.binary_cross_entropy_with_logits(scores_t, labels_t).item()
+        return {"auc": metrics.auc(scores_t, labels_t), "loss": loss}
+
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {
+            "model": model_sd,
+            "optimizer": optim_sd,
+            "embeddings": self.embeddings.state_dict(),
+            "trainer": {"step": torch.tensor(self.step)},
+        }
+
+    def restore(self) -> str | None:
+        if self.checkpointer is None:
+            return None
+        state = self.state_dict()
+        step = self.checkpointer.load_latest(state)
+        if step is None:
+            return None
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
+        self.step = int(state["trainer"]["step"])
+        # The restored checkpoint already holds this step: a run resumed at its end must not rewrite it.
+        self._last_saved = checkpoint.SavedCheckpoint(step, self.checkpointer.step_uri(step), 0, 0.0)
+        return self._last_saved.uri
+
+    def save(self) -> None:
+        if self.checkpointer is None:
+            return
+        if self._last_saved is not None and self._last_saved.step == self.step:
+            return
+        saved = self.checkpointer.save(self.step, self.state_dict())
+        self._last_saved = saved
+        self.reporter.emit(
+            "checkpoint",
+            saved.step,
+            uri=saved.uri,
+            num_bytes=saved.num_bytes,
+            seconds=round(saved.seconds, 3),
+        )
+
+    # ------------------------------------------------------------------------------------------- helpers
+    def _due(self, every: int) -> bool:
+        return every > 0 and self.step % every == 0
+
+    def _request_stop(self, signum, frame) -> None:
+        self.stop_requested = True  # acted on between steps, so the checkpoint holds a whole step
+
+    def _sync_stop_and_loss(self, loss: torch.Tensor, window: _Window, started: float) -> bool:
+        """One small all-reduce per step: the mean loss, and whether any rank was asked to stop."""
+        flags = torch.stack([loss.float(), torch.tensor(float(self.stop_requested), device=loss.device)])
+        if self.env.distributed:
+            dist.all_reduce(flags)
+            flags[0] /= self.env.world_size
+        window.add(flags[0].item(), self.embeddings.last_unique_rows, time.perf_counter() - started)
+        return bool(flags[1].item() > 0)
+
+
+class _Window:
+    """Accumulates per-step readings between `progress` records; time spent in eval and saves is left out."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.seconds, self.steps, self.loss, self.unique = 0.0, 0, 0.0, 0
+
+    def add(self, loss: float, unique: int, seconds: float) -> None:
+        self.steps += 1
+        self.loss += loss
+        self.unique += unique
+        self.seconds += seconds
+
+    def flush(self, trainer: Trainer) -> dict[str, float]:
+        elapsed = max(self.seconds, 1e-9)
+        samples = self.steps * trainer.cfg.training.batch_size * trainer.env.world_size
+        out = {
+            "loss": self.loss / max(self.steps, 1),
+            "samples_per_sec": round(samples / elapsed, 1),
+            "unique_ids_per_step": round(self.unique / max(self.steps, 1), 1),
+            "memory_mb": round(metrics.peak_memory_mb(trainer.env.device), 1),
+        }
+        self._reset()
+        return out
+
+
+def _gather(t: torch.Tensor) -> torch.Tensor:
+    """Concatenate a 1-d tensor of varying length from every rank."""
+    if not dist.is_initialized():
+        return t
+    n = torch.tensor([t.numel()], device=t.device)
+    sizes = [torch.empty_like(n) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, n)
+    width = int(max(s.item() for s in sizes))
+    padded = torch.zeros(width, dtype=t.dtype, device=t.device)
+    padded[: t.numel()] = t
+    out = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(out, padded)
+    return torch.cat([o[: int(s.item())] for o, s in zip(out, sizes)])
