@@ -20,6 +20,7 @@ import fsspec
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
 __all__ = ["Checkpointer", "SavedCheckpoint", "normalize_uri"]
 
@@ -86,7 +87,7 @@ class Checkpointer:
                     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
                     dcp.load(state, storage_reader=FsspecReader(self.step_uri(step)))
                 return step
-            except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint is skipped the same way
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - any unreadable one is skipped
                 print(
                     f"checkpoint {self.step_uri(step)} unreadable, trying an older one: {exc}",
                     file=sys.stderr,
