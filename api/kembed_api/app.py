@@ -26,7 +26,8 @@ def _make_backend(settings: Settings) -> Backend:
     raise ValueError(f"backend {settings.backend.value!r} is not available in this build")
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, backend: Backend | None = None) -> FastAPI:
+    """The app; `backend` replaces the one the settings name (tests of the HTTP layer use a fake)."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -34,10 +35,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         upgrade_to_head(settings.resolved_database_url)
         db = Database(settings.resolved_database_url)
-        backend = _make_backend(settings)
-        dispatcher = Dispatcher(db=db, backend=backend, public_url=settings.resolved_public_url,
+        dispatcher = Dispatcher(db=db, backend=backend or _make_backend(settings), public_url=settings.resolved_public_url,
                                 interval_s=settings.dispatch_interval_s)
-        app.state.settings, app.state.db, app.state.backend, app.state.dispatcher = settings, db, backend, dispatcher
+        app.state.settings, app.state.db, app.state.dispatcher = settings, db, dispatcher
+        app.state.backend = dispatcher.backend
         dispatcher.start()
         try:
             yield

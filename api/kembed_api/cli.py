@@ -24,7 +24,8 @@ __all__ = ["app"]
 
 app = typer.Typer(help="kembed: training-as-a-service for sparse-embedding models.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
-console = Console()
+# soft_wrap: long URIs and messages stay on one line, so they can be copied and grepped.
+console = Console(soft_wrap=True)
 
 ServerOption = Annotated[
     str, typer.Option("--server", envvar="KEMBED_SERVER", help="URL of the kembed API.")
@@ -42,9 +43,10 @@ def _fail(error: ApiError | Exception) -> None:
     raise typer.Exit(1)
 
 
-def _state(state: str) -> str:
-    style = STATE_STYLE.get(state)
-    return f"[{style}]{state}[/{style}]" if style else state
+def _state(state: str, width: int = 0) -> str:
+    """The state coloured, padded to `width` before the markup so columns line up."""
+    text, style = state.ljust(width), STATE_STYLE.get(state)
+    return f"[{style}]{text}[/{style}]" if style else text
 
 
 # ----------------------------------------------------------------------------------------------- serve
@@ -193,7 +195,7 @@ def follow_job(client: Client, job_id: str, *, poll_s: float = 1.0) -> dict[str,
             except ApiError as error:
                 _fail(error)
             for event in job["events"][seen_events:]:
-                bar.console.print(f"  {event['time'][11:19]}  {_state(event['state']):<10} {event['reason']}: "
+                bar.console.print(f"  {event['time'][11:19]}  {_state(event['state'], 10)} {event['reason']}: "
                                   f"{event['message']}")
             seen_events = len(job["events"])
             progress, metrics = job["progress"], job["metrics"]

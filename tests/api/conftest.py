@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from kembed_api.backends.base import Exit, Launch
+from kembed_api.db import Database, upgrade_to_head
+from kembed_api.spec import JobSpec
+
+
+@pytest.fixture
+def db(tmp_path):
+    url = f"sqlite:///{tmp_path / 'kembed.db'}"
+    upgrade_to_head(url)
+    database = Database(url)
+    yield database
+    database.dispose()
+
+
+@dataclass
+class FakeBackend:
+    """Stands in for the place trainers run, so dispatcher logic is tested without processes.
+
+    The local backend itself is tested for real by tests/e2e.
+    """
+
+    slots: int = 4
+    started: list[Launch] = field(default_factory=list)
+    exits: dict[str, Exit] = field(default_factory=dict)
+    stopped: list[str] = field(default_factory=list)
+    reclaimed: list[str] = field(default_factory=list)
+
+    def check_fits(self, spec: JobSpec) -> None:
+        if spec.resources.num_processes > self.slots:
+            raise ValueError(f"resources: needs {spec.resources.num_processes} processes, "
+                             f"the backend has {self.slots} slots")
+
+    def has_room(self, spec: JobSpec, *, num_processes_in_use: int) -> bool:
+        return num_processes_in_use + spec.resources.num_processes <= self.slots
+
+    def start(self, launch: Launch) -> dict[str, Any]:
+        self.started.append(launch)
+        return {"attempt": launch.attempt}
+
+    def poll(self, job_id: str) -> Exit | None:
+        return self.exits.pop(job_id, None)
+
+    def stop(self, job_id: str) -> None:
+        self.stopped.append(job_id)
+
+    def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> None:
+        self.reclaimed.append(job_id)
+
+    def read_logs(self, job_id: str, *, tail_lines: int | None = None) -> str:
+        return ""
+
+    def shutdown(self) -> None:
+        pass
+
+    # what a test makes happen
+    def finish(self, job_id: str, *, succeeded: bool = True, retryable: bool = True, reason: str = "") -> None:
+        reason = reason or ("Completed" if succeeded else "TrainerFailed")
+        self.exits[job_id] = Exit(succeeded=succeeded, retryable=retryable, reason=reason, message="")
+
+    def started_ids(self) -> list[str]:
+        return [launch.job_id for launch in self.started]
+
+
+@pytest.fixture
+def backend():
+    return FakeBackend()

@@ -1,0 +1,128 @@
+"""The dispatcher's decisions: admission order and capacity, gang restarts, cancellation, recovery."""
+
+from __future__ import annotations
+
+import pytest
+
+from kembed_api.dispatcher import Dispatcher
+from kembed_api.jobs import service
+from kembed_api.jobs.models import Job
+from kembed_api.spec import JobSpec, JobState
+from kembed_api.tenants.service import ensure_tenant
+from tests.builders import make_spec
+
+
+@pytest.fixture
+def dispatcher(db, backend):
+    return Dispatcher(db=db, backend=backend, public_url="http://127.0.0.1:1")
+
+
+def submit(db, builder) -> str:
+    with db.session() as session:
+        tenant = ensure_tenant(session, name="default")
+        job, _ = service.submit(session, tenant=tenant, spec=JobSpec.model_validate(builder.build()),
+                                checkpoint_root="file:///tmp/ckpt")
+        return job.id
+
+
+def state_of(db, job_id: str) -> tuple[JobState, str]:
+    with db.session() as session:
+        job = session.query(Job).filter_by(id=job_id).one()
+        return JobState(job.state), job.reason
+
+
+def event_reasons(db, job_id: str) -> list[str]:
+    with db.session() as session:
+        job = session.query(Job).filter_by(id=job_id).one()
+        return [e.reason for e in service.list_events(session, job=job)]
+
+
+def test_jobs_run_by_priority_then_fifo_within_capacity(db, backend, dispatcher):
+    first = submit(db, make_spec("first").with_nodes(1, 2))
+    second = submit(db, make_spec("second").with_nodes(1, 2))
+    urgent = submit(db, make_spec("urgent").with_nodes(1, 2).with_priority(10))
+    third = submit(db, make_spec("third").with_nodes(1, 2))
+
+    dispatcher.run_once()
+    assert backend.started_ids() == [urgent, first]  # 4 slots: two 2-process jobs
+    assert state_of(db, second)[0] is JobState.QUEUED
+    assert state_of(db, urgent) == (JobState.RUNNING, "Started")
+
+    backend.finish(urgent)
+    dispatcher.run_once()
+    assert state_of(db, urgent) == (JobState.SUCCEEDED, "Completed")
+    assert backend.started_ids() == [urgent, first, second]
+    assert state_of(db, third)[0] is JobState.QUEUED
+    assert event_reasons(db, urgent) == ["Submitted", "Admitted", "Started", "Completed"]
+
+
+def test_the_head_of_the_queue_is_never_overtaken_by_a_smaller_job(db, backend, dispatcher):
+    running = submit(db, make_spec("running").with_nodes(1, 3))
+    big = submit(db, make_spec("big").with_nodes(2, 2))
+    small = submit(db, make_spec("small"))
+    dispatcher.run_once()
+    assert backend.started_ids() == [running]
+    assert state_of(db, big)[0] is JobState.QUEUED and state_of(db, small)[0] is JobState.QUEUED
+
+
+def test_a_retryable_failure_restarts_the_gang_until_max_restarts(db, backend, dispatcher):
+    job_id = submit(db, make_spec().with_max_restarts(1))
+    dispatcher.run_once()
+    backend.finish(job_id, succeeded=False)
+    dispatcher.run_once()  # -> RESTARTING, relaunched on the next pass
+    assert state_of(db, job_id) == (JobState.RESTARTING, "TrainerFailed")
+    dispatcher.run_once()
+    assert [launch.attempt for launch in backend.started] == [1, 2]
+    assert state_of(db, job_id) == (JobState.RUNNING, "Resumed")
+
+    backend.finish(job_id, succeeded=False)
+    dispatcher.run_once()
+    assert state_of(db, job_id) == (JobState.FAILED, "BackoffLimitExceeded")
+
+
+def test_a_permanent_failure_fails_at_once(db, backend, dispatcher):
+    job_id = submit(db, make_spec().with_max_restarts(5))
+    dispatcher.run_once()
+    backend.finish(job_id, succeeded=False, retryable=False, reason="TrainerRejectedConfig")
+    dispatcher.run_once()
+    assert state_of(db, job_id) == (JobState.FAILED, "TrainerRejectedConfig")
+    assert len(backend.started) == 1
+
+
+def test_cancelling_a_running_job_stops_it_and_ends_cancelled(db, backend, dispatcher):
+    job_id = submit(db, make_spec())
+    dispatcher.run_once()
+    with db.session() as session:
+        service.request_cancel(session, tenant=ensure_tenant(session, name="default"), job_id=job_id)
+    dispatcher.run_once()
+    assert backend.stopped == [job_id]
+    assert state_of(db, job_id)[0] is JobState.RUNNING  # still writing its checkpoint
+    backend.finish(job_id, succeeded=False)
+    dispatcher.run_once()
+    assert state_of(db, job_id) == (JobState.CANCELLED, "Cancelled")
+
+
+def test_cancelling_a_queued_job_is_immediate_and_frees_its_place(db, backend, dispatcher):
+    job_id = submit(db, make_spec())
+    with db.session() as session:
+        service.request_cancel(session, tenant=ensure_tenant(session, name="default"), job_id=job_id)
+    assert state_of(db, job_id) == (JobState.CANCELLED, "Cancelled")
+    dispatcher.run_once()
+    assert backend.started == []
+
+
+def test_after_a_server_restart_running_jobs_resume_and_queued_jobs_stay_queued(db, backend, dispatcher):
+    running = submit(db, make_spec("running").with_nodes(1, 4))
+    queued = submit(db, make_spec("queued").with_nodes(1, 4))
+    dispatcher.run_once()
+
+    restarted = Dispatcher(db=db, backend=backend, public_url="http://127.0.0.1:1")
+    restarted.recover()
+    assert backend.reclaimed == [running]
+    assert state_of(db, running) == (JobState.RESTARTING, "ServerRestarted")
+    restarted.run_once()
+    assert state_of(db, running) == (JobState.RUNNING, "Resumed")
+    assert state_of(db, queued)[0] is JobState.QUEUED
+    # a server restart is not a failure of the job: it does not use up a restart
+    with db.session() as session:
+        assert session.query(Job).filter_by(id=running).one().restart_count == 0

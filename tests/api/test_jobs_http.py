@@ -1,0 +1,124 @@
+"""The /v1/jobs HTTP surface: validation, 404s, idempotency, pagination, cancel, reports.
+
+The dispatcher runs for real; the backend is a fake that starts nothing (tests/e2e runs real trainers).
+"""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from kembed_api.app import create_app
+from kembed_api.settings import Settings
+from tests.builders import make_spec
+
+
+@pytest.fixture
+def client(tmp_path, backend):
+    backend.slots = 2
+    app = create_app(Settings(data_dir=tmp_path, dispatch_interval_s=0.05), backend=backend)
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def test_submit_returns_201_with_id_state_and_a_checkpoint_under_the_tenant(client):
+    response = client.post("/v1/jobs", json=make_spec("ctr").build())
+    assert response.status_code == 201
+    job = response.json()
+    assert job["id"].startswith("ctr-") and job["state"] == "QUEUED"
+    assert job["spec"]["trainer"]["checkpoint"]["uri"].endswith(f"/checkpoints/default/{job['id']}")
+    assert client.get(f"/v1/jobs/{job['id']}").json()["events"][0]["reason"] == "Submitted"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        pytest.param(lambda s: s["trainer"]["training"].update(steps=-1), "trainer.training.steps", id="steps"),
+        pytest.param(lambda s: s.pop("trainer"), "trainer", id="missing-trainer"),
+        pytest.param(lambda s: s["resources"].update(nodes="two"), "resources.nodes", id="nodes-not-int"),
+    ],
+)
+def test_an_invalid_spec_is_422_naming_the_field_and_stores_nothing(client, mutate, field):
+    spec = make_spec().build()
+    mutate(spec)
+    response = client.post("/v1/jobs", json=spec)
+    assert response.status_code == 422
+    locations = [".".join(map(str, error["loc"][1:])) for error in response.json()["detail"]]
+    assert field in locations
+    assert client.get("/v1/jobs").json()["items"] == []
+
+
+def test_a_job_that_can_never_fit_is_422_saying_why(client):
+    response = client.post("/v1/jobs", json=make_spec().with_nodes(2, 2).build())
+    assert response.status_code == 422
+    assert response.json()["detail"] == "resources: needs 4 processes, the backend has 2 slots"
+    assert client.get("/v1/jobs").json()["items"] == []
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs/nope-12345", "/v1/jobs/nope-12345/logs", "/v1/jobs/nope-12345/metrics"])
+def test_unknown_ids_are_404(client, path):
+    assert client.get(path).status_code == 404
+
+
+def test_cancel_of_an_unknown_job_is_404(client):
+    assert client.post("/v1/jobs/nope-12345/cancel").status_code == 404
+
+
+def test_the_same_idempotency_key_returns_the_first_job(client):
+    headers = {"Idempotency-Key": "retry-1"}
+    first = client.post("/v1/jobs", json=make_spec().build(), headers=headers)
+    again = client.post("/v1/jobs", json=make_spec().build(), headers=headers)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+    assert len(client.get("/v1/jobs").json()["items"]) == 1
+
+
+def test_list_pages_newest_first_and_filters_by_state(client):
+    ids = [client.post("/v1/jobs", json=make_spec(f"j{i}").with_nodes(1, 2).build()).json()["id"] for i in range(5)]
+    seen, cursor = [], None
+    while True:
+        page = client.get("/v1/jobs", params={"limit": 2, **({"cursor": cursor} if cursor else {})}).json()
+        seen += [job["id"] for job in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids[::-1]
+    queued = client.get("/v1/jobs", params={"state": "QUEUED"}).json()["items"]
+    assert [job["queue_position"] for job in queued] == [4, 3, 2, 1]  # the first job runs, the rest wait
+    assert client.get("/v1/jobs", params={"cursor": "garbage!"}).status_code == 422
+
+
+def test_cancel_of_a_queued_job_is_immediate(client):
+    client.post("/v1/jobs", json=make_spec("runs").with_nodes(1, 2).build())
+    waiting = client.post("/v1/jobs", json=make_spec("waits").with_nodes(1, 2).build()).json()
+    response = client.post(f"/v1/jobs/{waiting['id']}/cancel")
+    assert response.status_code == 202 and response.json()["state"] == "CANCELLED"
+
+
+def test_reports_need_the_jobs_own_token_and_update_progress(client, backend):
+    job = client.post("/v1/jobs", json=make_spec().build()).json()
+    for _ in range(100):
+        if backend.started:
+            break
+        client.get("/healthz")
+    launch = backend.started[0]
+    url = f"/v1/jobs/{job['id']}/reports"
+    record = {"event": "progress", "step": 7, "total_steps": 60, "loss": 0.42, "samples_per_sec": 1000.0}
+    assert client.post(url, json=record).status_code == 401
+    assert client.post(url, json=record, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    auth = {"Authorization": f"Bearer {launch.report_token}"}
+    assert client.post(url, json=record, headers=auth).status_code == 204
+    assert client.post(url, json={"event": "checkpoint", "step": 7, "uri": "file:///c/step-7"},
+                       headers=auth).status_code == 204
+    current = client.get(f"/v1/jobs/{job['id']}").json()
+    assert current["progress"] == {"step": 7, "total_steps": 60, "fraction": 7 / 60}
+    assert current["metrics"]["loss"] == 0.42
+    assert (current["checkpoint"], current["checkpoint_step"]) == ("file:///c/step-7", 7)
+    series = client.get(f"/v1/jobs/{job['id']}/metrics", params={"event": "progress"}).json()
+    assert [point["values"]["loss"] for point in series] == [0.42]
+
+
+def test_openapi_and_health(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/jobs/{job_id}/logs"} <= set(paths)

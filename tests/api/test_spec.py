@@ -1,0 +1,52 @@
+import pytest
+from pydantic import ValidationError
+
+from kembed_api.spec import JobSpec, parse_quantity
+from tests.builders import make_spec
+
+
+def _error_locations(spec: dict) -> list[str]:
+    with pytest.raises(ValidationError) as caught:
+        JobSpec.model_validate(spec)
+    return [".".join(str(p) for p in error["loc"]) for error in caught.value.errors()]
+
+
+def test_the_tiny_spec_is_valid_and_defaults_procs_to_one():
+    spec = JobSpec.model_validate(make_spec().build())
+    assert spec.resources.procs_per_node == 1
+    assert spec.resources.num_processes == 1
+
+
+@pytest.mark.parametrize(
+    ("mutate", "location"),
+    [
+        pytest.param(lambda s: s.update(name="Bad_Name"), "name", id="name-not-dns-label"),
+        pytest.param(lambda s: s["resources"].update(nodes=0), "resources.nodes", id="zero-nodes"),
+        pytest.param(lambda s: s["resources"].update(memory_per_node="lots"), "resources.memory_per_node",
+                     id="memory-not-quantity"),
+        pytest.param(lambda s: s["resources"].update(gpus_per_node=2, procs_per_node=4), "resources",
+                     id="more-ranks-than-gpus"),
+        pytest.param(lambda s: s["trainer"]["training"].update(steps=0), "trainer.training.steps", id="zero-steps"),
+        pytest.param(lambda s: s["trainer"]["training"].update(stepz=5), "trainer.training.stepz", id="typo"),
+        pytest.param(lambda s: s.update(colour="blue"), "colour", id="unknown-top-level-field"),
+        pytest.param(lambda s: s["trainer"]["checkpoint"].update(uri="gs://bucket/x"), "trainer.checkpoint.uri",
+                     id="unsupported-scheme"),
+    ],
+)
+def test_a_bad_spec_names_the_field_at_fault(mutate, location):
+    spec = make_spec().build()
+    mutate(spec)
+    assert location in _error_locations(spec)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        pytest.param("4Gi", 4 * 2**30, id="binary"),
+        pytest.param("500m", 0.5, id="milli"),
+        pytest.param("2G", 2e9, id="decimal"),
+        pytest.param(3, 3, id="plain-number"),
+    ],
+)
+def test_quantities_parse_like_kubernetes(text, value):
+    assert parse_quantity(text) == value

@@ -1,0 +1,96 @@
+"""A real `kembed serve` process on 127.0.0.1 (API + SQLite + local torchrun backend)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kembed_api.client import Client
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, data_dir: Path, *, slots: int = 2) -> None:
+        self.data_dir, self.slots = data_dir, slots
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+        self.client = Client(self.url)
+
+    def start(self) -> ServerProcess:
+        log = open(self.data_dir.parent / f"server-{self.port}.log", "ab")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "kembed_api.cli", "serve", "--port", str(self.port),
+             "--data-dir", str(self.data_dir), "--slots", str(self.slots)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "KEMBED_STOP_GRACE_S": "60"},
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"server exited with {self.process.returncode}"
+            try:
+                self.client.health()
+                return self
+            except Exception:  # noqa: BLE001 (not listening yet)
+                time.sleep(0.2)
+        raise TimeoutError("kembed serve did not become healthy")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 120) -> int:
+        assert self.process is not None
+        self.process.send_signal(sig)
+        return self.process.wait(timeout=timeout)
+
+    def wait_for(self, job_id: str, predicate: Callable[[dict], bool], *, timeout: float = 180) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.client.job(job_id)
+            if predicate(job):
+                return job
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{job_id}: condition not met; last seen {job['state']} {job['reason']}: "
+                                   f"{job['message']} at step {job['progress']['step']}")
+            time.sleep(0.3)
+
+    def wait_terminal(self, job_id: str, *, timeout: float = 180) -> dict:
+        return self.wait_for(job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"), timeout=timeout)
+
+
+@pytest.fixture
+def start_server(tmp_path):
+    servers: list[ServerProcess] = []
+
+    def start(data_dir: Path | None = None, *, slots: int = 2) -> ServerProcess:
+        server = ServerProcess(data_dir or tmp_path / "kembed", slots=slots).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        if server.process and server.process.poll() is None:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server shared by the read-mostly tests of a module."""
+    instance = ServerProcess(tmp_path_factory.mktemp("server") / "kembed", slots=2).start()
+    yield instance
+    instance.stop()
+
+
+def file_uri_path(uri: str) -> Path:
+    assert uri.startswith("file://"), uri
+    return Path(uri.removeprefix("file://"))

@@ -1,0 +1,86 @@
+"""What `make demo` does, through HTTP and the CLI, with a tiny model: real trainers, real checkpoints."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from kembed_api.client import ApiError
+from tests.builders import make_spec
+from tests.e2e.conftest import file_uri_path
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_job_submitted_over_http_trains_to_succeeded(server):
+    job = server.client.submit(make_spec("http").with_nodes(1, 2).build())
+    assert job["state"] == "QUEUED"
+    done = server.wait_terminal(job["id"])
+
+    assert done["state"] == "SUCCEEDED", done["message"]
+    assert [e["reason"] for e in done["events"]] == ["Submitted", "Admitted", "Started", "Completed"]
+    assert done["progress"]["step"] == done["progress"]["total_steps"] == 60
+    assert done["result"]["auc"] > 0.6  # the planted signal is learnt
+    checkpoint = file_uri_path(done["checkpoint"])
+    assert checkpoint.name == "step-60" and checkpoint.is_dir()
+    assert str(checkpoint).startswith(str(server.data_dir / "checkpoints" / "default" / job["id"]))
+
+    logs = server.client.logs(job["id"])
+    assert '"event": "done"' in logs
+    progress = server.client._call("GET", f"/v1/jobs/{job['id']}/metrics", params={"event": "progress"}).json()
+    assert [p["step"] for p in progress][-1] == 60
+
+
+def test_the_cli_submits_follows_and_reports_the_outcome(server, tmp_path):
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(yaml.safe_dump(make_spec("cli").build()))
+    kembed = [sys.executable, "-m", "kembed_api.cli"]
+    followed = subprocess.run([*kembed, "submit", str(spec_file), "--follow", "--server", server.url],
+                              capture_output=True, text=True, timeout=300)
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    assert "final state: SUCCEEDED" in followed.stdout
+    assert "eval auc:" in followed.stdout and "checkpoint: file://" in followed.stdout
+
+    job_id = followed.stdout.split("submitted ")[1].split()[0]
+    listed = subprocess.run([*kembed, "jobs", "--server", server.url], capture_output=True, text=True, check=True)
+    assert job_id in listed.stdout
+    status = subprocess.run([*kembed, "status", job_id, "--server", server.url], capture_output=True, text=True,
+                            check=True)
+    assert "SUCCEEDED" in status.stdout and "Completed" in status.stdout
+    logs = subprocess.run([*kembed, "logs", job_id, "--tail", "3", "--server", server.url],
+                          capture_output=True, text=True, check=True)
+    assert json.loads(logs.stdout.strip().splitlines()[-1])["event"] == "done"
+    missing = subprocess.run([*kembed, "status", "nope-00000", "--server", server.url], capture_output=True,
+                             text=True)
+    assert missing.returncode == 1 and "404" in missing.stdout
+
+
+def test_bad_input_is_refused_and_nothing_is_half_created(server):
+    before = server.client.jobs(limit=500)["items"]
+    spec = make_spec().build()
+    spec["trainer"]["training"]["batch_size"] = 0
+    with pytest.raises(ApiError) as caught:
+        server.client.submit(spec)
+    assert caught.value.status_code == 422 and "trainer.training.batch_size" in str(caught.value)
+    with pytest.raises(ApiError) as too_big:
+        server.client.submit(make_spec().with_nodes(3, 1).build())
+    assert too_big.value.status_code == 422 and "local slots" in str(too_big.value)
+    assert server.client.jobs(limit=500)["items"] == before
+    with pytest.raises(ApiError) as missing:
+        server.client.cancel("nope-00000")
+    assert missing.value.status_code == 404
+
+
+def test_cancelling_a_running_job_checkpoints_and_ends_cancelled(server):
+    job = server.client.submit(make_spec("long").with_steps(5000, checkpoint_every=0).build())
+    server.wait_for(job["id"], lambda j: j["state"] == "RUNNING" and j["progress"]["step"] >= 20)
+    server.client.cancel(job["id"])
+    done = server.wait_terminal(job["id"], timeout=90)
+    assert done["state"] == "CANCELLED"
+    assert 20 <= done["checkpoint_step"] < 5000  # the SIGTERM checkpoint
+    assert file_uri_path(done["checkpoint"]).is_dir()
+    assert [e["reason"] for e in done["events"]][-2:] == ["CancelRequested", "Cancelled"]
