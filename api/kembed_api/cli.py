@@ -16,7 +16,7 @@ import typer
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from kembed_api.client import ApiError, Client
 
@@ -113,7 +113,8 @@ def jobs(
             page = client.jobs(states=state, limit=limit)
         except ApiError as error:
             _fail(error)
-    table = Table("ID", "STATE", "PROGRESS", "LOSS", "AUC", "CREATED", "REASON")
+    table = Table("STATE", "PROGRESS", "LOSS", "AUC", "CREATED", "REASON")
+    table.columns.insert(0, Column("ID", no_wrap=True))
     for job in page["items"]:
         progress = job["progress"]
         table.add_row(
