@@ -18,10 +18,14 @@ EXAMPLES = REPO / "trainer_image" / "examples"
 
 
 def tiny_config(**overrides: Any) -> dict[str, Any]:
-    """The shipped tiny example, with `section.key=value` style overrides: tiny_config(training={"steps": 5})."""
+    """The shipped tiny example with sections updated: tiny_config(training={"steps": 5}).
+
+    A section given with another `kind` (model={"kind": "two_tower", ...}) replaces the example's section.
+    """
     cfg = yaml.safe_load((EXAMPLES / "dlrm-tiny.yaml").read_text())
     for section, values in overrides.items():
-        if isinstance(values, dict):
+        same_kind = values.get("kind", cfg.get(section, {}).get("kind")) == cfg.get(section, {}).get("kind")
+        if isinstance(values, dict) and same_kind:
             cfg.setdefault(section, {}).update(copy.deepcopy(values))
         else:
             cfg[section] = copy.deepcopy(values)

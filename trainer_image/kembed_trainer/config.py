@@ -25,9 +25,13 @@ __all__ = [
     "SparseOptimizerConfig",
     "SyntheticDataConfig",
     "TableConfig",
+    "TableDataConfig",
+    "TextDataConfig",
     "TrainerConfig",
     "TrainingConfig",
+    "TwoTowerConfig",
     "ValidationError",
+    "Word2VecConfig",
     "format_validation_error",
     "load_config",
 ]
@@ -49,6 +53,16 @@ class TableConfig(_Strict):
     embedding_dim: PositiveInt = Field(description="Width of each row.")
     features: list[str] = Field(min_length=1, description="Sparse features looked up in this table.")
     lr_scale: PositiveFloat = Field(1.0, description="Multiplies the sparse optimizer's lr for this table.")
+    hash_ids: bool = Field(
+        False,
+        description="Hash raw ids (any int64, or strings from files) into num_embeddings buckets; "
+        "without it ids must lie in [0, num_embeddings).",
+    )
+    admit_after: Annotated[int, Field(ge=0)] = Field(
+        0,
+        description="An id gets its own row only after it was seen in this many batches; until then it "
+        "shares the table's last row (the fallback). 0 = every id has its row from the start.",
+    )
 
 
 class EmbeddingsConfig(_Strict):
@@ -88,8 +102,32 @@ class DLRMConfig(_Strict):
     )
 
 
-# A discriminated union on `kind`: two_tower and word2vec join it.
-ModelConfig = Annotated[DLRMConfig, Field(discriminator="kind")]
+class TwoTowerConfig(_Strict):
+    """Two-tower / matrix factorisation: score = dot(user tower, item tower) (+ biases).
+
+    With `tower_mlp: []` each tower is the sum of its pooled features (plain matrix factorisation). With
+    `biases`, the last coordinate of each pooled vector is a per-id bias instead of a factor, and a global bias
+    is learned: score = mu + b_user + b_item + dot(p_user, q_item).
+    """
+
+    kind: Literal["two_tower"] = "two_tower"
+    user_features: list[str] = Field(min_length=1)
+    item_features: list[str] = Field(min_length=1)
+    tower_mlp: list[PositiveInt] = Field([], description="Hidden sizes of each tower's MLP; [] = none (MF).")
+    biases: bool = True
+    loss: Literal["mse", "bce"] = Field(
+        "mse", description="mse: explicit ratings (eval RMSE); bce: implicit 0/1 feedback (eval AUC)."
+    )
+
+
+class Word2VecConfig(_Strict):
+    """Skip-gram with negative sampling: logit = dot(input vector of the center word, output vector of a
+    context or noise word). Needs `data.kind: text` and two tables, for the features `center` and `context`."""
+
+    kind: Literal["word2vec"] = "word2vec"
+
+
+ModelConfig = Annotated[DLRMConfig | TwoTowerConfig | Word2VecConfig, Field(discriminator="kind")]
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -113,7 +151,55 @@ class SyntheticDataConfig(_Strict):
         return self
 
 
-DataConfig = Annotated[SyntheticDataConfig, Field(discriminator="kind")]
+class TableDataConfig(_Strict):
+    """Rows of Parquet, CSV or TSV files (`file://`, `s3://` or a path; a glob or a folder reads every file).
+
+    Each sparse feature is read from a column: integer ids, or any value when its table has `hash_ids`.
+    A multi-hot column holds a list (Parquet) or a `multi_hot_separator`-joined string (CSV/TSV).
+    """
+
+    kind: Literal["table"] = "table"
+    uri: str = Field(description="Training rows.")
+    format: Literal["auto", "parquet", "csv", "tsv"] = Field("auto", description="auto = from the extension.")
+    label: str = Field(description="Label column: 0/1 clicks, or ratings.")
+    dense: list[str] = Field([], description="Float feature columns, in the model's order.")
+    sparse: dict[str, str] = Field(description="Sparse feature name -> column.")
+    multi_hot_separator: str = Field("|", min_length=1)
+    eval_uri: str | None = Field(None, description="Held-out rows; without it `eval_fraction` of the rows.")
+    eval_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1
+
+    @property
+    def num_dense(self) -> int:
+        return len(self.dense)
+
+
+class TextDataConfig(_Strict):
+    """A tokenised corpus for word2vec: one sentence per line, tokens separated by whitespace.
+
+    Text without spaces between words (Chinese, Japanese) can be split per character with `tokenizer: chars`.
+    The vocabulary is built from the corpus: words seen at least `min_count` times, the most frequent first,
+    at most the tables' num_embeddings.
+    """
+
+    kind: Literal["text"] = "text"
+    uri: str
+    tokenizer: Literal["whitespace", "chars"] = "whitespace"
+    min_count: PositiveInt = 1
+    window: PositiveInt = Field(5, description="Context words on each side of the center word.")
+    negatives: Annotated[int, Field(ge=1)] = Field(5, description="Noise words per (center, context) pair.")
+    subsample: Annotated[float, Field(ge=0)] = Field(
+        1e-3, description="Frequent-word subsampling threshold t (Mikolov et al.); 0 = off."
+    )
+    eval_fraction: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.05, description="Sentences held out for the eval loss/AUC of true vs noise pairs."
+    )
+
+    @property
+    def num_dense(self) -> int:
+        return 0
+
+
+DataConfig = Annotated[SyntheticDataConfig | TableDataConfig | TextDataConfig, Field(discriminator="kind")]
 
 
 # ----------------------------------------------------------------------------------------------- optimizers
@@ -188,6 +274,27 @@ class TrainerConfig(_Strict):
 
     @model_validator(mode="after")
     def _model_fits_tables(self) -> TrainerConfig:
+        features = set(self.embeddings.features)
+        if self.data.kind == "table" and set(self.data.sparse) != features:
+            raise ValueError(
+                f"data.sparse must map exactly the tables' features {sorted(features)}, got {sorted(self.data.sparse)}"
+            )
+        if self.model.kind == "two_tower":
+            towers = self.model.user_features + self.model.item_features
+            if set(towers) != features or len(towers) != len(features):
+                raise ValueError(
+                    f"two_tower: user_features + item_features must name each table feature once: {sorted(features)}"
+                )
+            if len({t.embedding_dim for t in self.embeddings.tables}) != 1:
+                raise ValueError("two_tower: all tables need the same embedding_dim")
+        if (self.model.kind == "word2vec") != (self.data.kind == "text"):
+            raise ValueError("word2vec trains on data.kind 'text', and text data is only for word2vec")
+        if self.model.kind == "word2vec":
+            by_feature = {f: t for t in self.embeddings.tables for f in t.features}
+            if features != {"center", "context"} or by_feature["center"] is by_feature["context"]:
+                raise ValueError("word2vec: needs two tables, one with feature 'center', one with 'context'")
+            if by_feature["center"].embedding_dim != by_feature["context"].embedding_dim:
+                raise ValueError("word2vec: the center and context tables need the same embedding_dim")
         if self.model.kind == "dlrm":
             dims = {t.embedding_dim for t in self.embeddings.tables}
             if len(dims) != 1:

@@ -33,7 +33,21 @@ class _Group:
         sizes = [t.num_embeddings for t in tables]
         starts = [0, *torch.tensor(sizes).cumsum(0).tolist()]
         self.table_starts = torch.tensor(starts[:-1], device=device)
-        self.feature_starts = torch.tensor([starts[i] for i, t in enumerate(tables) for _ in t.features])
+        per_feature = [(i, t) for i, t in enumerate(tables) for _ in t.features]
+        self.feature_starts = torch.tensor([starts[i] for i, _ in per_feature], device=device)
+        self.feature_sizes = torch.tensor([t.num_embeddings for _, t in per_feature], device=device)
+        self.feature_hashed = [t.hash_ids for _, t in per_feature]
+        self.feature_names = [f for t in tables for f in t.features]
+        # Frequency admission: rows seen in fewer batches than their table's admit_after use its last row.
+        self.admit_after = torch.tensor([t.admit_after for t in tables], device=device)
+        self.fallback_row = self.table_starts + torch.tensor(
+            [t.num_embeddings - 1 for t in tables], device=device
+        )
+        self.seen = (
+            torch.zeros(starts[-1], dtype=torch.int64, device=device)
+            if any(t.admit_after for t in tables)
+            else None
+        )
         self.lr_scale = torch.tensor([t.lr_scale for t in tables], device=device)
         self.weight = torch.empty(starts[-1], self.dim, device=device)
         for t, lo in zip(tables, starts):
@@ -42,9 +56,33 @@ class _Group:
             self.weight[lo : lo + t.num_embeddings].uniform_(-bound, bound, generator=gen)
         self.state: dict[str, torch.Tensor] = {}
 
+    def table_of(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.searchsorted(self.table_starts, rows, right=True) - 1
+
     def row_lr(self, rows: torch.Tensor, lr: float) -> torch.Tensor:
-        table = torch.searchsorted(self.table_starts, rows, right=True) - 1
-        return lr * self.lr_scale[table]
+        return lr * self.lr_scale[self.table_of(rows)]
+
+    def rows_of(self, ids: list[torch.Tensor]) -> torch.Tensor:
+        """Group rows of each feature's raw ids: hashed or range-checked, then offset to the table's rows."""
+        out = []
+        for f, feature_ids in enumerate(ids):
+            size = int(self.feature_sizes[f])
+            if self.feature_hashed[f]:
+                feature_ids = torch.remainder(_mix(feature_ids), size)
+            elif feature_ids.numel() and (int(feature_ids.min()) < 0 or int(feature_ids.max()) >= size):
+                raise ValueError(
+                    f"feature {self.feature_names[f]!r}: ids {int(feature_ids.min())}..{int(feature_ids.max())} outside [0, {size}); "
+                    "set hash_ids on its table for unbounded ids"
+                )
+            out.append(feature_ids + self.feature_starts[f])
+        return torch.cat(out)
+
+    def admit(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows not yet admitted replaced by their table's fallback (last) row."""
+        if self.seen is None:
+            return rows
+        table = self.table_of(rows)
+        return torch.where(self.seen[rows] >= self.admit_after[table], rows, self.fallback_row[table])
 
     def table_slices(self, t: int) -> slice:
         lo = int(self.table_starts[t])
@@ -72,7 +110,7 @@ class EmbeddingCollection:
         self.lr = opt_cfg.lr
         self.world_size = world_size
         self.num_features = sum(len(g.features) for g in self.groups)
-        self._pending: list[tuple[_Group, torch.Tensor, torch.Tensor]] = []
+        self._pending: list[tuple[_Group, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         self.last_unique_rows = 0
 
     def __call__(self, batch: Batch) -> list[torch.Tensor]:
@@ -86,17 +124,15 @@ class EmbeddingCollection:
         self.last_unique_rows = 0
         for g in self.groups:
             nf = len(g.features)
-            ids = torch.cat(values[first : first + nf])
-            counts = per_feature[first : first + nf]
-            rows = ids + torch.repeat_interleave(g.feature_starts.to(ids.device), counts)
-            uniq, inverse = torch.unique(rows, return_inverse=True)
+            raw_rows = g.rows_of(values[first : first + nf])
+            uniq, inverse = torch.unique(g.admit(raw_rows), return_inverse=True)
             # A leaf holding only the touched rows: its .grad is the row-sparse gradient.
             touched = g.weight[uniq].requires_grad_(True)
             flat_lengths = lengths[first : first + nf].reshape(-1)
             offsets = torch.cumsum(flat_lengths, 0) - flat_lengths
             pooled = F.embedding_bag(inverse, touched, offsets, mode="sum")
             out.append(pooled.view(nf, b, g.dim).transpose(0, 1))
-            self._pending.append((g, uniq, touched))
+            self._pending.append((g, uniq, touched, raw_rows if g.seen is not None else None))
             self.last_unique_rows += uniq.numel()
             first += nf
         return out
@@ -104,7 +140,9 @@ class EmbeddingCollection:
     @torch.no_grad()
     def step(self, step: int) -> None:
         """Apply the sparse optimizer to the rows of the last lookup (after `loss.backward()`)."""
-        for g, rows, touched in self._pending:
+        for g, rows, touched, raw_rows in self._pending:
+            if raw_rows is not None:
+                _count_seen(g.seen, raw_rows, self.world_size)
             grad = touched.grad
             if grad is None:  # the loss did not depend on this group
                 continue
@@ -126,7 +164,27 @@ class EmbeddingCollection:
                 sd[f"{t.name}.weight"] = g.weight[rows]
                 for name, s in g.state.items():
                     sd[f"{t.name}.{name}"] = s[rows]
+                if g.seen is not None:
+                    sd[f"{t.name}.seen"] = g.seen[rows]
         return sd
+
+
+def _mix(ids: torch.Tensor) -> torch.Tensor:
+    """A fixed integer hash (multiply-xorshift), so nearby raw ids land in unrelated buckets."""
+    h = ids * -7046029254386353131  # 0x9E3779B97F4A7C15 as int64; products wrap like uint64
+    h = h ^ (h >> 29)
+    h = h * -4658895280553007687  # 0xBF58476D1CE4E5B9
+    return h ^ (h >> 32)
+
+
+def _count_seen(seen: torch.Tensor, raw_rows: torch.Tensor, world_size: int) -> None:
+    """Count one sighting per batch and rank for each row, the same on every rank."""
+    uniq = torch.unique(raw_rows)
+    if world_size > 1:
+        uniq, ones = _average_across_ranks(uniq, torch.ones(uniq.numel(), 1, device=uniq.device), world_size)
+        seen.index_add_(0, uniq, (ones[:, 0] * world_size).round().long())
+    else:
+        seen[uniq] += 1
 
 
 def _average_across_ranks(

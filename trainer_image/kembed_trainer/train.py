@@ -7,7 +7,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
@@ -23,7 +22,6 @@ class Trainer:
     def __init__(self, cfg: config.TrainerConfig, env: kdist.Env, reporter: report.Reporter) -> None:
         self.cfg, self.env, self.reporter = cfg, env, reporter
         torch.manual_seed(cfg.training.seed)  # the same dense init on every rank
-        self.data = data.build_data(cfg, rank=env.rank, world_size=env.world_size)
         self.embeddings = embedding.EmbeddingCollection(
             cfg.embeddings,
             cfg.optimizer.sparse,
@@ -31,12 +29,22 @@ class Trainer:
             seed=cfg.training.seed,
             world_size=env.world_size,
         )
+        self.task = models.build_task(cfg)
+        self.data = data.build_data(cfg, rank=env.rank, world_size=env.world_size, ratings=self.task.ratings)
         dense = models.build_dense_model(cfg).to(env.device)
-        self.model = DistributedDataParallel(dense) if env.distributed else dense
+        has_params = any(True for _ in dense.parameters())  # word2vec has none: nothing for DDP to do
+        self.model = DistributedDataParallel(dense) if env.distributed and has_params else dense
         opt = cfg.optimizer.dense
         optim_cls = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
-        self.optimizer = optim_cls(
-            self.model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay
+        self.optimizer = (
+            optim_cls(
+                self.model.parameters(),
+                lr=opt.lr,
+                betas=(opt.beta1, opt.beta2),
+                weight_decay=opt.weight_decay,
+            )
+            if has_params
+            else None
         )
         self.checkpointer = (
             checkpoint.Checkpointer(cfg.checkpoint.uri, keep=cfg.checkpoint.keep, is_main=env.is_main)
@@ -82,10 +90,12 @@ class Trainer:
     def train_step(self) -> torch.Tensor:
         batch = self.data.train_batch(self.step).to(self.env.device)
         logits = self.model(batch.dense, self.embeddings(batch))
-        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
-        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.task.loss(logits, batch.labels)
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # DDP averages the dense gradients here
-        self.optimizer.step()
+        if self.optimizer is not None:
+            self.optimizer.step()
         self.embeddings.step(self.step)
         return loss.detach()
 
@@ -99,19 +109,14 @@ class Trainer:
             labels.append(batch.labels)
         self.embeddings.discard_lookup()
         self.model.train()
-        scores_t, labels_t = _gather(torch.cat(scores)), _gather(torch.cat(labels))
-        loss = F.binary_cross_entropy_with_logits(scores_t, labels_t).item()
-        return {"auc": metrics.auc(scores_t, labels_t), "loss": loss}
+        return self.task.evaluate(_gather(torch.cat(scores)), _gather(torch.cat(labels)))
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        return {
-            "model": model_sd,
-            "optimizer": optim_sd,
-            "embeddings": self.embeddings.state_dict(),
-            "trainer": {"step": torch.tensor(self.step)},
-        }
+        state = {"embeddings": self.embeddings.state_dict(), "trainer": {"step": torch.tensor(self.step)}}
+        if self.optimizer is not None:
+            state["model"], state["optimizer"] = get_state_dict(self.model, self.optimizer)
+        return state
 
     def restore(self) -> str | None:
         if self.checkpointer is None:
@@ -120,9 +125,13 @@ class Trainer:
         step = self.checkpointer.load_latest(state)
         if step is None:
             return None
-        set_state_dict(
-            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
-        )
+        if self.optimizer is not None:
+            set_state_dict(
+                self.model,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optimizer"],
+            )
         self.step = int(state["trainer"]["step"])
         # The restored checkpoint already holds this step: a run resumed at its end must not rewrite it.
         self._last_saved = checkpoint.SavedCheckpoint(step, self.checkpointer.step_uri(step), 0, 0.0)

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 from kembed_trainer import config
-from kembed_trainer.data import synthetic
+from kembed_trainer.data import synthetic, table, text
 
 __all__ = ["build_data"]
 
 
-def build_data(cfg: config.TrainerConfig, *, rank: int, world_size: int) -> synthetic.SyntheticData:
-    if cfg.data.kind == "synthetic":
-        return synthetic.SyntheticData(
-            cfg.data,
-            tables=cfg.embeddings.tables,
-            seed=cfg.training.seed,
-            batch_size=cfg.training.batch_size,
-            rank=rank,
-            world_size=world_size,
-        )
+def build_data(cfg: config.TrainerConfig, *, rank: int, world_size: int, ratings: bool = False):
+    """A source with `train_batch(step) -> Batch` and `eval_batches() -> Iterator[Batch]`."""
+    common = dict(  # noqa: C408 - keyword arguments shared by every source
+        tables=cfg.embeddings.tables,
+        seed=cfg.training.seed,
+        batch_size=cfg.training.batch_size,
+        rank=rank,
+        world_size=world_size,
+    )
+    match cfg.data.kind:
+        case "synthetic":
+            return synthetic.SyntheticData(cfg.data, ratings=ratings, **common)
+        case "table":
+            return table.TableData(cfg.data, **common)
+        case "text":
+            return text.TextData(cfg.data, **common)
     raise ValueError(f"data.kind: unsupported {cfg.data.kind!r}")

@@ -1,8 +1,10 @@
 """Synthetic CTR data: Zipf-distributed ids and a planted signal a model can learn.
 
-Each id of each table has a hidden score; a sample's label is drawn from sigmoid(signal * (sum of its ids'
-scores + a linear function of its dense features)). Frequent ids are seen often enough to learn their score,
-rare ones are not, as with real click logs, so the learnable AUC sits well above 0.5 and below the Bayes AUC.
+Each id of each feature has a hidden score, and the ids of the first two features (user and item, say) also a
+hidden factor vector. A sample's latent value is the sum of its ids' scores, the dot product of the first two
+features' factors, and a linear function of its dense features. Binary labels (clicks) are drawn from
+sigmoid(latent); ratings are the latent value plus noise. Frequent ids are seen often enough to learn, rare
+ones are not, as in real logs, so the learnable AUC sits well above 0.5 and below the Bayes AUC.
 
 Every batch is a pure function of (seed, stream, rank, step): resuming at step N needs no data state, and a
 resumed run sees exactly the batches an uninterrupted one would.
@@ -21,6 +23,8 @@ __all__ = ["SyntheticData"]
 
 _TRAIN, _EVAL, _WORLD = 0, 1, 2
 _EVAL_CHUNK = 2048  # eval batches have a fixed size, so the eval set is the same at any world size
+_FACTOR_DIM = 4
+_RATING_MEAN, _RATING_NOISE = 3.0, 0.3
 
 
 def _generator(*key: int) -> torch.Generator:
@@ -39,6 +43,7 @@ class _Feature:
         # Spread popular ids over the table instead of packing them into the first rows.
         self.scramble = torch.randperm(num_ids, generator=gen)
         self.score = torch.randn(num_ids, 1, generator=gen)
+        self.factor = torch.randn(num_ids, _FACTOR_DIM, generator=gen) / _FACTOR_DIM**0.25
         self.num_ids = num_ids
 
     def sample(self, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -57,8 +62,10 @@ class SyntheticData:
         batch_size: int,
         rank: int,
         world_size: int,
+        ratings: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.ratings = ratings
         self.seed = seed
         self.batch_size = batch_size
         self.rank = rank
@@ -70,7 +77,7 @@ class SyntheticData:
         self.feature_weight = torch.randn(len(self.features), generator=gen).abs_() + 0.5
         self.dense_weight = torch.randn(cfg.num_dense, generator=gen)
         # Scale so that the noiseless logit has unit variance times `signal`.
-        total_var = self.feature_weight.pow(2).sum() + self.dense_weight.pow(2).sum()
+        total_var = self.feature_weight.pow(2).sum() + self.dense_weight.pow(2).sum() + 1.0
         self.scale = cfg.signal * 2.0 / total_var.sqrt().item()
 
     def train_batch(self, step: int) -> Batch:
@@ -87,14 +94,21 @@ class SyntheticData:
         cfg = self.cfg
         dense = torch.randn(n, cfg.num_dense, generator=gen)
         logit = dense @ self.dense_weight
-        values, lengths = [], []
-        for weight, feat in zip(self.feature_weight.tolist(), self.features):
+        values, lengths, factors = [], [], []
+        for weight, feat in zip(self.feature_weight.tolist(), self.features, strict=True):
             hot = torch.randint(cfg.min_hotness, cfg.max_hotness + 1, (n,), generator=gen)
             ids = feat.sample(int(hot.sum()), gen)
             offsets = torch.cumsum(hot, 0) - hot
             logit += weight * F.embedding_bag(ids, feat.score, offsets, mode="mean").squeeze(1)
+            if len(factors) < 2:
+                factors.append(F.embedding_bag(ids, feat.factor, offsets, mode="mean"))
             values.append(ids)
             lengths.append(hot)
-        prob = torch.sigmoid(self.scale * logit)
-        labels = (torch.rand(n, generator=gen) < prob).float()
+        if len(factors) == 2:
+            logit += (factors[0] * factors[1]).sum(1)
+        latent = self.scale * logit
+        if self.ratings:
+            labels = _RATING_MEAN + latent + _RATING_NOISE * torch.randn(n, generator=gen)
+        else:
+            labels = (torch.rand(n, generator=gen) < torch.sigmoid(latent)).float()
         return Batch(dense=dense, values=torch.cat(values), lengths=torch.cat(lengths), labels=labels)

@@ -1,21 +1,48 @@
-"""Builds the dense part of the model a config names, and its loss."""
+"""Builds the dense part of the model a config names, and the task (loss and eval metrics) it trains for."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
 from torch import nn
 
-from kembed_trainer import config
-from kembed_trainer.models import dlrm
+from kembed_trainer import config, metrics
+from kembed_trainer.models import dlrm, two_tower, word2vec
 
-__all__ = ["build_dense_model"]
+__all__ = ["Task", "build_dense_model", "build_task"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    ratings: bool  # labels are real-valued ratings, not 0/1
+
+    def evaluate(self, scores: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        loss = self.loss(scores, labels).item()
+        if self.ratings:
+            return {"rmse": loss**0.5, "loss": loss}
+        return {"auc": metrics.auc(scores, labels), "loss": loss}
+
+
+def build_task(cfg: config.TrainerConfig) -> Task:
+    if cfg.model.kind == "two_tower" and cfg.model.loss == "mse":
+        return Task(loss=F.mse_loss, ratings=True)
+    return Task(loss=F.binary_cross_entropy_with_logits, ratings=False)
 
 
 def build_dense_model(cfg: config.TrainerConfig) -> nn.Module:
-    if cfg.model.kind == "dlrm":
-        return dlrm.DLRM(
-            cfg.model,
-            num_dense=cfg.data.num_dense,
-            num_sparse=len(cfg.embeddings.features),
-            embedding_dim=cfg.embeddings.tables[0].embedding_dim,
-        )
+    features = cfg.embeddings.features
+    dim = cfg.embeddings.tables[0].embedding_dim
+    match cfg.model.kind:
+        case "dlrm":
+            return dlrm.DLRM(
+                cfg.model, num_dense=cfg.data.num_dense, num_sparse=len(features), embedding_dim=dim
+            )
+        case "two_tower":
+            return two_tower.TwoTower(cfg.model, features=features, embedding_dim=dim)
+        case "word2vec":
+            return word2vec.SkipGram(features=features)
     raise ValueError(f"model.kind: unsupported {cfg.model.kind!r}")

@@ -1,0 +1,191 @@
+"""Rows from Parquet, CSV or TSV files through fsspec (`file://`, `s3://`), mapped to features by the config.
+
+Each rank reads its own shard: whole files when there are at least as many files as ranks, else every r-th row.
+The shard is held in memory as CSR arrays per feature; the batch of step s is a slice of a per-epoch shuffle
+seeded by (seed, rank, epoch), so resuming at step s needs only s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import torch
+
+from kembed_trainer import config
+from kembed_trainer.data.batch import Batch
+from kembed_trainer.data.synthetic import _generator
+
+__all__ = ["TableData", "list_files"]
+
+_EVAL_CHUNK = 2048
+_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv", ".txt": "csv"}
+
+
+def list_files(uri: str) -> list[str]:
+    """The files a URI names: itself, every file of a folder, or a glob's matches; sorted, as URIs."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    if any(c in path for c in "*?["):
+        paths = fs.glob(path)
+    elif fs.isdir(path):
+        paths = [p for p in fs.find(path) if not p.rsplit("/", 1)[-1].startswith((".", "_"))]
+    else:
+        paths = [path]
+    if not paths:
+        raise ValueError(f"no files at {uri}")
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return [p if protocol == "file" else f"{protocol}://{p}" for p in sorted(paths)]
+
+
+def _read(uri: str, fmt: str) -> pa.Table:
+    if fmt == "auto":
+        suffix = "." + uri.rsplit(".", 1)[-1].lower() if "." in uri.rsplit("/", 1)[-1] else ""
+        fmt = _SUFFIXES.get(suffix, "csv")
+    with fsspec.open(uri, "rb") as f:
+        if fmt == "parquet":
+            return pq.read_table(f)
+        delimiter = "\t" if fmt == "tsv" else ","
+        return pa_csv.read_csv(f, parse_options=pa_csv.ParseOptions(delimiter=delimiter))
+
+
+def _hash_strings(values: pa.Array) -> np.ndarray:
+    """Stable 63-bit hashes (the same on every rank and every run, unlike Python's hash())."""
+    encoded = pc.dictionary_encode(values)
+    hashed = np.array(
+        [
+            int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=8).digest(), "little") >> 1
+            for v in encoded.dictionary.to_pylist()
+        ],
+        dtype=np.int64,
+    )
+    return hashed[encoded.indices.to_numpy(zero_copy_only=False)]
+
+
+class _Rows:
+    """One shard's rows as tensors: dense [N, D], labels [N], and per feature CSR (offsets [N+1], values)."""
+
+    def __init__(self, table: pa.Table, cfg: config.TableDataConfig, features: list[str], hashed: set[str]):
+        def column(name: str) -> pa.ChunkedArray:
+            if name not in table.column_names:
+                raise ValueError(f"data: column {name!r} not in the files (columns: {table.column_names})")
+            return table.column(name)
+
+        self.num_rows = table.num_rows
+        self.labels = torch.from_numpy(column(cfg.label).to_numpy().astype(np.float32))
+        self.dense = torch.from_numpy(
+            np.stack([column(c).to_numpy().astype(np.float32) for c in cfg.dense], 1)
+            if cfg.dense
+            else np.zeros((table.num_rows, 0), np.float32)
+        )
+        self.offsets, self.values = [], []
+        for feature in features:
+            col = column(cfg.sparse[feature]).combine_chunks()
+            if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+                col = pc.split_pattern(col, cfg.multi_hot_separator)
+            if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+                col = col.fill_null(pa.scalar([], col.type))
+                flat = col.flatten()
+                lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
+            else:  # one id per row; a missing value is an empty bag
+                flat = col.drop_null()
+                lengths = col.is_valid().to_numpy(zero_copy_only=False).astype(np.int64)
+            if pa.types.is_string(flat.type) and feature not in hashed:
+                try:  # CSV multi-hot ids arrive as strings like "3|17"
+                    flat = pc.cast(flat, pa.int64())
+                except pa.ArrowInvalid:
+                    pass
+            if pa.types.is_integer(flat.type) and feature not in hashed:
+                ids = flat.to_numpy(zero_copy_only=False).astype(np.int64)
+            elif feature in hashed:
+                ids = (
+                    flat.to_numpy(zero_copy_only=False).astype(np.int64)
+                    if pa.types.is_integer(flat.type)
+                    else _hash_strings(flat)
+                )
+            else:
+                raise ValueError(
+                    f"data.sparse.{feature}: column {cfg.sparse[feature]!r} holds {flat.type}, not integer ids; "
+                    "set hash_ids on its table"
+                )
+            self.offsets.append(torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)])))
+            self.values.append(torch.from_numpy(ids))
+
+    def take(self, idx: torch.Tensor) -> Batch:
+        values, lengths = [], []
+        for offsets, vals in zip(self.offsets, self.values, strict=True):
+            starts, ends = offsets[idx], offsets[idx + 1]
+            lens = ends - starts
+            # Positions of every id of the chosen rows, without a Python loop over rows.
+            base = torch.repeat_interleave(starts - (torch.cumsum(lens, 0) - lens), lens)
+            values.append(vals[base + torch.arange(int(lens.sum()))])
+            lengths.append(lens)
+        return Batch(self.dense[idx], torch.cat(values), torch.cat(lengths), self.labels[idx])
+
+
+class TableData:
+    def __init__(
+        self,
+        cfg: config.TableDataConfig,
+        *,
+        tables: list[config.TableConfig],
+        seed: int,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.seed, self.batch_size, self.rank = seed, batch_size, rank
+        features = [f for t in sorted(tables, key=lambda t: t.embedding_dim) for f in t.features]
+        hashed = {f for t in tables if t.hash_ids for f in t.features}
+        train, held_out = self._shard(cfg.uri, cfg, rank, world_size)
+        if cfg.eval_uri:
+            held_out = self._shard(cfg.eval_uri, cfg, rank, world_size, split=False)[0]
+        if train.num_rows == 0:
+            raise ValueError(f"data.uri: rank {rank} got no training rows from {cfg.uri}")
+        self.train = _Rows(train, cfg, features, hashed)
+        self.eval = _Rows(held_out, cfg, features, hashed)
+        self._perm: tuple[int, torch.Tensor] | None = None
+
+    @staticmethod
+    def _shard(uri, cfg, rank, world_size, split=True) -> tuple[pa.Table, pa.Table]:
+        files = list_files(uri)
+        mine = files[rank::world_size] if len(files) >= world_size else files
+        parts = [_read(f, cfg.format) for f in mine]
+        table = pa.concat_tables(parts, promote_options="default")
+        if len(files) < world_size:
+            table = table.take(pa.array(np.arange(rank, table.num_rows, world_size)))
+        if not split or cfg.eval_fraction == 0:
+            return table, table.slice(0, 0)
+        # Hold out rows by a hash of their position, so the split is the same on every run.
+        pos = np.arange(table.num_rows, dtype=np.uint64) + np.uint64(rank << 40)
+        is_eval = _unit_hash(pos) < cfg.eval_fraction
+        return table.filter(pa.array(~is_eval)), table.filter(pa.array(is_eval))
+
+    def train_batch(self, step: int) -> Batch:
+        per_epoch = max(1, self.train.num_rows // self.batch_size)
+        epoch, i = divmod(step, per_epoch)
+        if self._perm is None or self._perm[0] != epoch:
+            gen = _generator(self.seed, 3, self.rank, epoch)
+            self._perm = (epoch, torch.randperm(self.train.num_rows, generator=gen))
+        perm = self._perm[1]
+        idx = perm[i * self.batch_size : (i + 1) * self.batch_size]
+        if idx.numel() < self.batch_size:  # a shard smaller than a batch: sample with repetition
+            idx = perm[torch.arange(self.batch_size) % perm.numel()]
+        return self.train.take(idx)
+
+    def eval_batches(self):
+        for start in range(0, self.eval.num_rows, _EVAL_CHUNK):
+            yield self.eval.take(torch.arange(start, min(start + _EVAL_CHUNK, self.eval.num_rows)))
+
+
+def _unit_hash(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser mapped to [0, 1)."""
+    with np.errstate(over="ignore"):
+        x = (x + np.uint64(0x9E3779B97F4A7C15)) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)

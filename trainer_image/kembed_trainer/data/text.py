@@ -1,0 +1,127 @@
+"""Skip-gram pairs from a text corpus (one sentence per line) for word2vec.
+
+The vocabulary is built from the training sentences on every rank alike (most frequent first), so rows mean the
+same word everywhere. A batch holds `batch_size // (1 + negatives)` true (center, context) pairs, each followed by
+`negatives` noise pairs drawn from the unigram distribution to the power 3/4; frequent words are subsampled as in
+Mikolov et al. (2013). Each step's pairs are a pure function of (seed, rank, step), so a resume is exact.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import fsspec
+import numpy as np
+import torch
+
+from kembed_trainer import config
+from kembed_trainer.data.batch import Batch
+from kembed_trainer.data.synthetic import _generator
+from kembed_trainer.data.table import _unit_hash, list_files
+
+__all__ = ["TextData", "tokenize"]
+
+_EVAL_CHUNKS, _EVAL_PAIRS = 4, 1024
+
+
+def tokenize(line: str, tokenizer: str) -> list[str]:
+    if tokenizer == "chars":  # scripts written without spaces: each character is a token
+        return [c for c in line if not c.isspace()]
+    return line.split()
+
+
+class _Corpus:
+    """Token ids of the sentences kept (at least two in-vocabulary tokens), concatenated."""
+
+    def __init__(self, sentences: list[list[int]]) -> None:
+        kept = [s for s in sentences if len(s) >= 2]
+        self.tokens = torch.tensor([t for s in kept for t in s], dtype=torch.int64)
+        lengths = torch.tensor([len(s) for s in kept], dtype=torch.int64)
+        ends = torch.cumsum(lengths, 0)
+        self.start = torch.repeat_interleave(ends - lengths, lengths)  # sentence start of each token
+        self.end = torch.repeat_interleave(ends, lengths)
+
+
+class TextData:
+    def __init__(
+        self,
+        cfg: config.TextDataConfig,
+        *,
+        tables: list[config.TableConfig],
+        seed: int,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.cfg, self.seed, self.rank, self.world_size = cfg, seed, rank, world_size
+        self.features = [f for t in sorted(tables, key=lambda t: t.embedding_dim) for f in t.features]
+        max_vocab = min(t.num_embeddings for t in tables)
+        sentences = []
+        for uri in list_files(cfg.uri):
+            with fsspec.open(uri, "r", encoding="utf-8") as f:
+                sentences.extend(tokens for line in f if (tokens := tokenize(line, cfg.tokenizer)))
+        is_eval = _unit_hash(np.arange(len(sentences), dtype=np.uint64)) < cfg.eval_fraction
+        counts = collections.Counter(t for s, e in zip(sentences, is_eval, strict=True) if not e for t in s)
+        words = sorted((w for w, c in counts.items() if c >= cfg.min_count), key=lambda w: (-counts[w], w))
+        self.vocab = words[:max_vocab]
+        if len(self.vocab) < 2:
+            raise ValueError(f"data.uri: fewer than 2 words in the vocabulary of {cfg.uri}")
+        index = {w: i for i, w in enumerate(self.vocab)}
+        ids = [[index[t] for t in s if t in index] for s in sentences]
+        train = [s for s, e in zip(ids, is_eval, strict=True) if not e]
+        self.train = _Corpus(train[rank::world_size] if len(train) >= world_size else train)
+        self.eval = _Corpus([s for s, e in zip(ids, is_eval, strict=True) if e])
+        if self.train.tokens.numel() == 0:
+            raise ValueError(f"data.uri: no sentence of two or more known words for rank {rank}")
+        freq = torch.tensor([counts[w] for w in self.vocab], dtype=torch.float64)
+        noise = freq.pow(0.75)
+        self.noise_cdf = torch.cumsum(noise / noise.sum(), 0)
+        f = freq / freq.sum()
+        t = cfg.subsample
+        self.keep_prob = (torch.sqrt(t / f) + t / f).clamp(max=1.0) if t > 0 else torch.ones_like(f)
+        self.pairs_per_batch = max(1, batch_size // (1 + cfg.negatives))
+
+    def train_batch(self, step: int) -> Batch:
+        gen = _generator(self.seed, 4, self.rank, step)
+        return self._pairs(self.train, self.pairs_per_batch, gen, subsample=True)
+
+    def eval_batches(self):
+        if self.eval.tokens.numel() == 0:
+            return
+        for i in range(self.rank, _EVAL_CHUNKS, self.world_size):
+            yield self._pairs(self.eval, _EVAL_PAIRS, _generator(self.seed, 5, i), subsample=False)
+
+    def _pairs(self, corpus: _Corpus, num_pairs: int, gen: torch.Generator, *, subsample: bool) -> Batch:
+        centers = torch.empty(0, dtype=torch.int64)
+        while centers.numel() < num_pairs:  # draw until enough centers survive subsampling
+            pos = torch.randint(corpus.tokens.numel(), (2 * num_pairs,), generator=gen)
+            if subsample:
+                pos = pos[
+                    torch.rand(pos.numel(), generator=gen, dtype=torch.float64)
+                    < self.keep_prob[corpus.tokens[pos]]
+                ]
+            centers = torch.cat([centers, pos])
+        pos = centers[:num_pairs]
+        # A context word within a random window of 1..window on either side, reflected to stay in the sentence.
+        reach = torch.randint(1, self.cfg.window + 1, (num_pairs,), generator=gen)
+        offset = torch.randint(1, self.cfg.window + 1, (num_pairs,), generator=gen).minimum(reach)
+        offset = torch.where(torch.rand(num_pairs, generator=gen) < 0.5, -offset, offset)
+        ctx = pos + offset
+        ctx = torch.where((ctx < corpus.start[pos]) | (ctx >= corpus.end[pos]), pos - offset, ctx)
+        ctx = ctx.clamp(corpus.start[pos], corpus.end[pos] - 1)
+        ctx = torch.where(ctx == pos, torch.where(pos > corpus.start[pos], pos - 1, pos + 1), ctx)
+        k = self.cfg.negatives
+        u = torch.rand(num_pairs * k, generator=gen, dtype=torch.float64)
+        noise = torch.searchsorted(self.noise_cdf, u).clamp_(max=len(self.vocab) - 1)
+        center_ids = corpus.tokens[pos].repeat_interleave(1 + k)
+        context_ids = torch.cat([corpus.tokens[ctx].unsqueeze(1), noise.view(num_pairs, k)], 1).flatten()
+        labels = torch.zeros(num_pairs, 1 + k)
+        labels[:, 0] = 1
+        n = center_ids.numel()
+        by_feature = {"center": center_ids, "context": context_ids}
+        return Batch(
+            dense=torch.zeros(n, 0),
+            values=torch.cat([by_feature[f] for f in self.features]),
+            lengths=torch.ones(2 * n, dtype=torch.int64),
+            labels=labels.flatten(),
+        )
