@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 
+import pytest
 from kembed_trainer import config, dist, report, train
 
 from tests.trainer.conftest import (
@@ -100,3 +101,13 @@ def test_sigterm_checkpoints_and_the_rerun_resumes(tmp_path, ckpt_uri):
     assert code == 0, stderr
     assert recs[0]["resumed_from"] == saved[0]["uri"] and recs[0]["step"] == stopped_at
     assert recs[-1]["event"] == "done" and recs[-1]["step"] == stopped_at + 10
+
+
+@pytest.mark.parametrize("compression", [pytest.param("bf16", id="bf16"), pytest.param("fp16", id="fp16")])
+def test_compressed_gradients_still_learn(tmp_path, ckpt_uri, compression):
+    cfg = tiny_config(
+        checkpoint={"uri": ckpt_uri}, training={"steps": 30}, distributed={"grad_compression": compression}
+    )
+    code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg), nproc=2)
+    assert code == 0, stderr
+    assert recs[-1]["eval"]["auc"] > 0.6

@@ -7,6 +7,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
@@ -34,6 +35,9 @@ class Trainer:
         dense = models.build_dense_model(cfg).to(env.device)
         has_params = any(True for _ in dense.parameters())  # word2vec has none: nothing for DDP to do
         self.model = DistributedDataParallel(dense) if env.distributed and has_params else dense
+        if isinstance(self.model, DistributedDataParallel) and cfg.distributed.grad_compression != "none":
+            hook = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}
+            self.model.register_comm_hook(dist.group.WORLD, hook[cfg.distributed.grad_compression])
         opt = cfg.optimizer.dense
         optim_cls = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
         self.optimizer = (

@@ -1,0 +1,337 @@
+"""kembed's trainer against PyTorch baselines and TorchRec on one DLRM config, side by side.
+
+    .venv/bin/python benchmarks/trainer.py                 # every variant, table at the end
+    .venv/bin/python benchmarks/trainer.py --variants kembed-rowwise-adagrad,torchrec-rowwise-adagrad
+
+Each variant runs in its own torchrun process group (so peak RSS is its own), on the same pre-generated
+synthetic batches (26 sparse features: 4 tables of 1M rows and 22 of 10k-100k, dim 64, multi-hot 1-3,
+Zipf 1.1; 13 dense; batch 4096 per rank; MLPs 256-64 / 256-1), for the same number of steps, then evaluates
+AUC on the same held-out samples. Threads per process = cores / ranks. TorchRec variants need
+`benchmarks/requirements.txt`; they are skipped when TorchRec does not import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "trainer_image"))
+
+from kembed_trainer import config, dist, metrics, report, train
+from kembed_trainer.data.synthetic import SyntheticData
+
+# name: (ranks, description)
+VARIANTS = {
+    "torch-dense-adam": (1, "nn.EmbeddingBag dense grads + Adam"),
+    "torch-dense-adam-fused": (1, "nn.EmbeddingBag dense grads + Adam(fused=True)"),
+    "torch-sparse-sparseadam": (1, "nn.EmbeddingBag(sparse=True) + SparseAdam"),
+    "torchrec-rowwise-adagrad": (1, "TorchRec EBC + FBGEMM fused row-wise Adagrad"),
+    "torchrec-2rank": (2, "TorchRec DistributedModelParallel, 2 ranks"),
+    "kembed-rowwise-adagrad": (1, "kembed rowwise_adagrad"),
+    "kembed-adam": (1, "kembed lazy adam"),
+    "kembed-rowwise-adagrad-2rank": (2, "kembed rowwise_adagrad, 2 ranks"),
+    "kembed-adam-2rank": (2, "kembed lazy adam, 2 ranks"),
+}
+BASELINE = "torchrec-rowwise-adagrad"
+
+
+def bench_config(optimizer: str, batch_size: int, steps: int) -> config.TrainerConfig:
+    big = [1_000_000] * 4
+    small = [int(10_000 * 10 ** (i / 21)) for i in range(22)]  # 10k .. 100k, geometric
+    tables = [
+        {"name": f"t{i}", "num_embeddings": n, "embedding_dim": 64, "features": [f"c{i}"]}
+        for i, n in enumerate(big + small)
+    ]
+    return config.TrainerConfig.model_validate(
+        {
+            "model": {"kind": "dlrm", "bottom_mlp": [256, 64], "top_mlp": [256]},
+            "embeddings": {"tables": tables},
+            "data": {
+                "kind": "synthetic",
+                "num_dense": 13,
+                "zipf_alpha": 1.1,
+                "min_hotness": 1,
+                "max_hotness": 3,
+                "eval_samples": 16384,
+            },
+            "optimizer": {
+                "sparse": {"name": optimizer, "lr": 0.05 if optimizer != "adam" else 0.005},
+                "dense": {"name": "adam", "lr": 0.001},
+            },
+            "training": {"steps": steps, "batch_size": batch_size, "seed": 0},
+        }
+    )
+
+
+class CachedData:
+    """A few pre-generated batches, cycled, so data generation is not what is measured."""
+
+    def __init__(self, source: SyntheticData, num_batches: int) -> None:
+        self.batches = [source.train_batch(i) for i in range(num_batches)]
+        self.eval = list(source.eval_batches())
+
+    def train_batch(self, step: int):
+        return self.batches[step % len(self.batches)]
+
+    def eval_batches(self):
+        return iter(self.eval)
+
+
+# ------------------------------------------------------------------------------------------------ workers
+def run_kembed(cfg: config.TrainerConfig, env: dist.Env, args) -> tuple[float, float]:
+    trainer = train.Trainer(cfg, env, report.Reporter(enabled=False))
+    trainer.data = CachedData(trainer.data, args.num_batches)
+
+    def step(i: int) -> None:
+        trainer.step = i
+        trainer.train_step()
+
+    return timed(step, args, env), trainer.evaluate()["auc"]
+
+
+def run_torch(cfg: config.TrainerConfig, env: dist.Env, args, variant: str):
+    from kembed_trainer.models import dlrm
+
+    features = cfg.embeddings.features
+    data = CachedData(
+        SyntheticData(
+            cfg.data, tables=cfg.embeddings.tables, seed=0, batch_size=args.batch_size, rank=0, world_size=1
+        ),
+        args.num_batches,
+    )
+    sparse = variant == "torch-sparse-sparseadam"
+    bags = torch.nn.ModuleList(
+        torch.nn.EmbeddingBag(t.num_embeddings, 64, mode="sum", sparse=sparse) for t in cfg.embeddings.tables
+    )
+    dense = dlrm.DLRM(cfg.model, num_dense=13, num_sparse=len(features), embedding_dim=64)
+    if sparse:
+        opts = [
+            torch.optim.SparseAdam(bags.parameters(), lr=0.005),
+            torch.optim.Adam(dense.parameters(), lr=1e-3),
+        ]
+    else:
+        fused = variant.endswith("fused")
+        opts = [torch.optim.Adam([*bags.parameters(), *dense.parameters()], lr=1e-3, fused=fused or None)]
+
+    def forward(batch):
+        b = batch.batch_size
+        lengths = batch.lengths.view(len(features), b)
+        values = torch.split(batch.values, lengths.sum(1).tolist())
+        pooled = [bag(v, torch.cumsum(n, 0) - n) for bag, v, n in zip(bags, values, lengths, strict=True)]
+        return dense(batch.dense, [torch.stack(pooled, 1)])
+
+    def step(i):
+        batch = data.train_batch(i)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(forward(batch), batch.labels)
+        for o in opts:
+            o.zero_grad()
+        loss.backward()
+        for o in opts:
+            o.step()
+
+    sps = timed(step, args, env)
+    with torch.no_grad():
+        scores = torch.cat([forward(b) for b in data.eval_batches()])
+    labels = torch.cat([b.labels for b in data.eval_batches()])
+    return sps, metrics.auc(scores, labels)
+
+
+def run_torchrec(cfg: config.TrainerConfig, env: dist.Env, args):
+    import torch.distributed as tdist
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.types import ShardingType
+    from torchrec.models.dlrm import DLRM
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    if not tdist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        tdist.init_process_group("gloo", rank=0, world_size=1)
+    features = cfg.embeddings.features
+    data = CachedData(
+        SyntheticData(
+            cfg.data,
+            tables=cfg.embeddings.tables,
+            seed=0,
+            batch_size=args.batch_size,
+            rank=env.rank,
+            world_size=env.world_size,
+        ),
+        args.num_batches,
+    )
+    ebc = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(
+                name=t.name, embedding_dim=64, num_embeddings=t.num_embeddings, feature_names=t.features
+            )
+            for t in cfg.embeddings.tables
+        ],
+        device=torch.device("meta"),
+    )
+    model = DLRM(
+        embedding_bag_collection=ebc,
+        dense_in_features=13,
+        dense_arch_layer_sizes=[256, 64],
+        over_arch_layer_sizes=[256, 1],
+        dense_device=torch.device("cpu"),
+    )
+    apply_optimizer_in_backward(RowWiseAdagrad, model.sparse_arch.parameters(), {"lr": 0.05})
+    sharder = EmbeddingBagCollectionSharder()
+    # Row-wise sharding is refused on CPU; table-wise works.
+    constraints = {
+        t.name: ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value])
+        for t in cfg.embeddings.tables
+    }
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=env.world_size, compute_device="cpu"), constraints=constraints
+    )
+    plan = planner.collective_plan(model, [sharder], tdist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=[sharder])
+    dense_opt = torch.optim.Adam(dict(in_backward_optimizer_filter(dmp.named_parameters())).values(), lr=1e-3)
+
+    def kjt(batch):
+        return KeyedJaggedTensor.from_lengths_sync(keys=features, values=batch.values, lengths=batch.lengths)
+
+    def step(i):
+        batch = data.train_batch(i)
+        logits = dmp(batch.dense, kjt(batch)).squeeze(1)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
+        dense_opt.zero_grad()
+        loss.backward()
+        dense_opt.step()
+
+    sps = timed(step, args, env)
+    scores, labels = [], []
+    with torch.no_grad():
+        for b in data.eval_batches():
+            scores.append(dmp(b.dense, kjt(b)).squeeze(1))
+            labels.append(b.labels)
+    scores_t, labels_t = train._gather(torch.cat(scores)), train._gather(torch.cat(labels))
+    return sps, metrics.auc(scores_t, labels_t)
+
+
+def timed(step, args, env) -> float:
+    """Global samples/s over the steps after warm-up."""
+    for i in range(args.warmup):
+        step(i)
+    start = time.perf_counter()
+    for i in range(args.warmup, args.steps):
+        step(i)
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    elapsed = time.perf_counter() - start
+    return (args.steps - args.warmup) * args.batch_size * env.world_size / elapsed
+
+
+def worker(args) -> None:
+    ranks, _ = VARIANTS[args.variant]
+    optimizer = "adam" if "adam" in args.variant and args.variant.startswith("kembed") else "rowwise_adagrad"
+    cfg = bench_config(optimizer, args.batch_size, args.steps)
+    env = dist.setup("gloo", threads=max(1, len(os.sched_getaffinity(0)) // ranks))
+    if args.variant.startswith("kembed"):
+        sps, auc = run_kembed(cfg, env, args)
+    elif args.variant.startswith("torchrec"):
+        sps, auc = run_torchrec(cfg, env, args)
+    else:
+        sps, auc = run_torch(cfg, env, args, args.variant)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GiB
+    out = pathlib.Path(args.out) / f"rank{env.rank}.json"
+    out.write_text(json.dumps({"samples_per_sec": sps, "auc": auc, "peak_rss_gb": rss}))
+    dist.teardown()
+
+
+# ------------------------------------------------------------------------------------------------ driver
+def run_variant(name: str, args) -> dict | None:
+    ranks, _ = VARIANTS[name]
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(ranks),
+            str(pathlib.Path(__file__).resolve()),
+            "--worker",
+            "--variant",
+            name,
+            "--out",
+            out,
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--batch-size",
+            str(args.batch_size),
+            "--num-batches",
+            str(args.num_batches),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)  # noqa: PLW1510
+        results = [json.loads(p.read_text()) for p in sorted(pathlib.Path(out).glob("rank*.json"))]
+    if proc.returncode != 0 or len(results) != ranks:
+        print(f"{name}: failed\n{proc.stderr[-3000:]}", file=sys.stderr)
+        return None
+    return {
+        "samples_per_sec": results[0]["samples_per_sec"],
+        "auc": results[0]["auc"],
+        "peak_rss_gb": sum(r["peak_rss_gb"] for r in results),  # the job's memory: all its processes
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--steps", type=int, default=55, help="training steps per variant (incl. warm-up)")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=4096, help="per rank")
+    parser.add_argument("--num-batches", type=int, default=8, help="distinct pre-generated batches, cycled")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    rows = {}
+    for name in args.variants.split(","):
+        rows[name] = run_variant(name, args)
+        print(f"{name}: {rows[name]}", file=sys.stderr, flush=True)
+    base = rows.get(BASELINE)
+    print(
+        f"\n{args.steps} steps ({args.warmup} warm-up), batch {args.batch_size}/rank, "
+        f"{len(os.sched_getaffinity(0))} cores, torch {torch.__version__}\n"
+    )
+    print("| variant | ranks | samples/s | x TorchRec | peak RSS (GB) | eval AUC |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, r in rows.items():
+        if r is None:
+            print(f"| {name} | {VARIANTS[name][0]} | failed | | | |")
+            continue
+        ratio = f"{r['samples_per_sec'] / base['samples_per_sec']:.2f}" if base else "-"
+        print(
+            f"| {name} | {VARIANTS[name][0]} | {r['samples_per_sec']:,.0f} | {ratio} | "
+            f"{r['peak_rss_gb']:.2f} | {r['auc']:.3f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
