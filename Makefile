@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 export PIP_CACHE_DIR ?= $(HOME)/.cache/kembed/pip
 export KEMBED_CACHE ?= $(HOME)/.cache/kembed
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint clean cluster-bins
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -18,8 +18,12 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: install
 	$(BIN)/kembed demo
 
-test: install
+test: install cluster-bins
 	$(BIN)/python -m pytest
+
+# The test Kubernetes control plane (etcd, kube-*, kwok, helm) built from Go modules into $(KEMBED_CACHE)/bin.
+cluster-bins:
+	bash tests/cluster/build.sh
 
 lint: install
 	$(BIN)/ruff check .
