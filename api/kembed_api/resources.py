@@ -1,0 +1,465 @@
+"""The Kubernetes custom resources of kembed: the contract between the API's Kubernetes backend and the operator.
+
+Group ``kembed.io``, version ``v1alpha1``. Both sides build and read these objects only through this module; the
+CRD schemas are generated from the pydantic models below (``python -m kembed_api.resources``; ``make manifests``
+writes them into the Helm chart, and tests/operator/test_manifests.py fails when the committed files drift).
+
+Field names: a ``spec`` keeps the job spec's own snake_case names (it *is* ``kembed_api.spec.JobSpec``, so a spec
+that validates in the API is a spec the operator accepts, byte for byte); a ``status`` uses Kubernetes'
+camelCase (``restartCount``, ``lastTransitionTime``), which kubectl and other tools expect.
+
+Tenant (cluster-scoped, ``kubectl get tenants``)
+    metadata.name   the tenant's name: a DNS label of at most 56 characters (its namespace is ``kembed-<name>``).
+    spec.quota      gpus (nvidia.com/gpu), cpu and memory (quantities), max_running_jobs. The operator writes
+                    them into the namespace's ResourceQuota (requests.* and limits.*; changes apply in place).
+                    max_running_jobs is enforced by the API's admission, not by Kubernetes.
+    spec.s3         prefix (``s3://bucket/path``; jobs without checkpoint.uri checkpoint under
+                    ``<prefix>/<job>/``) and credentials_secret (a Secret in the operator's namespace whose keys,
+                    e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, are copied into the tenant's namespace as
+                    Secret ``kembed-s3`` and given to trainers as environment variables; unset = the platform's).
+    status          phase (Ready | Terminating | Failed), namespace, conditions, observedGeneration.
+    Deleting a Tenant is refused (it stays Terminating, condition ``Deleting`` False, reason JobsStillRunning)
+    while it has EmbeddingJobs that are not finished; once none are, its namespace and everything in it go.
+
+EmbeddingJob (namespaced, in ``kembed-<tenant>``; ``kubectl get embeddingjobs`` / ``ej``)
+    metadata.name   the API's job id (a DNS label of at most 52 characters: it names the Service, the batch Job
+                    and the pods' host names ``<job>-<index>.<job>``).
+    spec            every JobSpec field (name, priority, resources, max_restarts, image, labels, trainer), plus
+      cancel        true: stop the trainers gracefully (SIGTERM, they checkpoint), then phase CANCELLED.
+      suspend       true: stop the trainers gracefully and keep the job (phase PREEMPTED); false again: the
+                    same attempt starts anew and resumes from its checkpoint.
+      report_url    where rank 0 POSTs its records (env KEMBED_REPORT_URL); optional.
+      report_token_secret  name of a Secret in the job's namespace holding the per-job report token under key
+                    ``token`` (env KEMBED_REPORT_TOKEN). The API creates the Secret before the EmbeddingJob; the
+                    operator makes the EmbeddingJob its owner, so it goes when the job is deleted.
+    The rest of spec is fixed once the job started: the operator reads only cancel and suspend afterwards.
+    status
+      phase         a JobState: ADMITTED (children created, pods starting), RUNNING (every pod of the gang
+                    runs), RESTARTING (a retryable failure: the gang is being replaced, restartCount counts them),
+                    PREEMPTED (suspended), SUCCEEDED, FAILED, CANCELLED (terminal; they never change again).
+      reason, message   why the job is in its phase (for FAILED e.g. TrainerExitedPermanently, RestartLimitReached,
+                    Unschedulable, ImagePullFailed, RendezvousTimeout, InvalidSpec).
+      conditions    Kubernetes conditions (type, status, reason, message, lastTransitionTime, observedGeneration):
+                    PodsReady, Suspended, Finished, CleanedUp.
+      startTime / completionTime, restartCount, attempt, attemptStartTime,
+      progress      {step, totalSteps, percent} and lastCheckpoint {step, uri}: read from rank 0's records.
+    Each change of phase is also a Kubernetes Event on the EmbeddingJob (reason = status.reason).
+
+How the API drives a job: create the report-token Secret, then ``embedding_job_manifest(...)``; cancel by merge-
+patching ``{"spec": {"cancel": true}}``; suspend/resume with ``{"spec": {"suspend": true|false}}``; read
+``status`` with ``EmbeddingJobStatus.from_object(obj)`` (watch the resource to follow it). Deleting the object
+also stops the trainers, but loses the status: cancel instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import pathlib
+import re
+import sys
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+from kembed_api.spec import JobSpec, JobState, parse_quantity
+
+__all__ = [
+    "EMBEDDING_JOB_KIND",
+    "EMBEDDING_JOB_PLURAL",
+    "GROUP",
+    "TENANT_KIND",
+    "TENANT_PLURAL",
+    "VERSION",
+    "Condition",
+    "EmbeddingJobSpec",
+    "EmbeddingJobStatus",
+    "TenantQuota",
+    "TenantS3",
+    "TenantSpec",
+    "TenantStatus",
+    "embedding_job_manifest",
+    "render_crds",
+    "tenant_manifest",
+    "tenant_namespace",
+]
+
+GROUP = "kembed.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+TENANT_KIND, TENANT_PLURAL = "Tenant", "tenants"
+EMBEDDING_JOB_KIND, EMBEDDING_JOB_PLURAL = "EmbeddingJob", "embeddingjobs"
+NAMESPACE_PREFIX = "kembed-"
+MAX_TENANT_NAME = 63 - len(NAMESPACE_PREFIX)
+# The pods' host names are "<job>-<index>" (a DNS label, at most 63): leaves room for up to 10 digits of index.
+MAX_JOB_NAME = 52
+_DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+def tenant_namespace(tenant: str) -> str:
+    """The namespace that holds a tenant's jobs."""
+    return f"{NAMESPACE_PREFIX}{tenant}"
+
+
+# ------------------------------------------------------------------------------------------------ shared
+class _Status(BaseModel):
+    """Status models speak Kubernetes' camelCase on the wire and snake_case in Python."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class Condition(_Status):
+    type: str = Field(description="What the condition is about, e.g. PodsReady, Finished.")
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(description="CamelCase word a program can match on.")
+    message: str = Field("", description="For people.")
+    last_transition_time: str = Field(description="RFC 3339 time when status last changed.")
+    observed_generation: int = Field(0, description="metadata.generation the condition was computed from.")
+
+
+def _quantity(value: str) -> str:
+    parse_quantity(value)
+    return value
+
+
+# ------------------------------------------------------------------------------------------------ Tenant
+class TenantQuota(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: int = Field(ge=0, description="nvidia.com/gpu the tenant's pods may request in total.")
+    cpu: str = Field(description="CPU the tenant's pods may request in total, as a quantity (e.g. 96, 500m).")
+    memory: str = Field(description="Memory the tenant's pods may request in total, as a quantity (e.g. 512Gi).")
+    max_running_jobs: int = Field(ge=1, le=10000, description="Jobs the API admits at once for this tenant.")
+
+    @field_validator("cpu", "memory")
+    @classmethod
+    def _is_quantity(cls, value: str) -> str:
+        return _quantity(value)
+
+
+class TenantS3(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prefix: str = Field(
+        pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+        description="s3://bucket/path under which the tenant's checkpoints live.",
+    )
+    credentials_secret: str | None = Field(
+        None,
+        description="Secret in the operator's namespace copied into the tenant's namespace as kembed-s3 "
+        "(unset: the platform's default Secret, if any).",
+    )
+
+
+class TenantSpec(BaseModel):
+    """A team: its namespace, quota and checkpoint storage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    display_name: str | None = Field(None, max_length=200, description="Human-readable team name.")
+    quota: TenantQuota
+    s3: TenantS3 | None = None
+
+
+class TenantStatus(_Status):
+    phase: Literal["Ready", "Terminating", "Failed"] | None = None
+    namespace: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+
+
+def tenant_manifest(name: str, spec: TenantSpec, *, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    if not (len(name) <= MAX_TENANT_NAME and _matches(_DNS_LABEL, name)):
+        raise ValueError(f"tenant name {name!r} must be a DNS label of at most {MAX_TENANT_NAME} characters")
+    return {
+        "apiVersion": API_VERSION, "kind": TENANT_KIND,
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": spec.model_dump(mode="json", exclude_none=True),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ EmbeddingJob
+class EmbeddingJobSpec(JobSpec):
+    """The job spec as submitted, plus what only the cluster needs."""
+
+    cancel: bool = Field(False, description="Stop the job gracefully; it ends CANCELLED.")
+    suspend: bool = Field(False, description="Stop the pods gracefully and keep the job (PREEMPTED) until false.")
+    report_url: str | None = Field(None, description="Where rank 0 reports its records (KEMBED_REPORT_URL).")
+    report_token_secret: str | None = Field(
+        None, description="Secret in this namespace with key 'token' (KEMBED_REPORT_TOKEN); owned by the job."
+    )
+
+    def job_spec(self) -> JobSpec:
+        """The plain JobSpec (without the cluster-only fields)."""
+        return JobSpec.model_validate(self.model_dump(include=set(JobSpec.model_fields)))
+
+
+class Progress(_Status):
+    step: int = 0
+    total_steps: int | None = None
+    percent: int | None = Field(None, ge=0, le=100)
+
+
+class CheckpointRef(_Status):
+    step: int
+    uri: str
+
+
+class EmbeddingJobStatus(_Status):
+    phase: JobState | None = None
+    reason: str | None = None
+    message: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+    start_time: str | None = Field(None, description="When the first pod of the job started running.")
+    completion_time: str | None = Field(None, description="When the job reached a terminal phase.")
+    restart_count: int = Field(0, description="Gang restarts so far (retryable failures, rendezvous time-outs).")
+    attempt: int = Field(0, description="The current gang's number; its pods carry label kembed.io/attempt.")
+    attempt_start_time: str | None = Field(None, description="When the current gang was (re)started.")
+    progress: Progress | None = None
+    last_checkpoint: CheckpointRef | None = None
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> EmbeddingJobStatus:
+        return cls.model_validate(obj.get("status") or {})
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+def embedding_job_manifest(
+    job_id: str,
+    tenant: str,
+    spec: JobSpec,
+    *,
+    report_url: str | None = None,
+    report_token_secret: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The EmbeddingJob the API creates for an admitted job (in namespace ``tenant_namespace(tenant)``)."""
+    if not (len(job_id) <= MAX_JOB_NAME and _matches(_DNS_LABEL, job_id)):
+        raise ValueError(f"job id {job_id!r} must be a DNS label of at most {MAX_JOB_NAME} characters")
+    full = EmbeddingJobSpec.model_validate(
+        {**spec.model_dump(mode="json"), "report_url": report_url, "report_token_secret": report_token_secret}
+    )
+    return {
+        "apiVersion": API_VERSION, "kind": EMBEDDING_JOB_KIND,
+        "metadata": {
+            "name": job_id, "namespace": tenant_namespace(tenant),
+            "labels": {"kembed.io/tenant": tenant, **(labels or {})},
+        },
+        "spec": full.model_dump(mode="json", exclude_none=True),
+    }
+
+
+def _matches(pattern: str, value: str) -> bool:
+    return re.match(pattern, value) is not None
+
+
+# ------------------------------------------------------------------------------------------------ CRD rendering
+# What a Kubernetes structural schema keeps of a JSON schema; everything else (title, default, examples, ...) goes.
+_KEPT_KEYWORDS = {
+    "type", "description", "properties", "required", "items", "enum", "minimum", "maximum", "minLength",
+    "maxLength", "pattern", "minItems", "maxItems", "nullable", "additionalProperties",
+}
+
+
+def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """One pydantic JSON-schema node as an OpenAPI v3 structural schema (no $ref, no unions, no `const`)."""
+    if "$ref" in schema:
+        resolved = defs[schema["$ref"].rsplit("/", 1)[1]]
+        return _structural({**resolved, **{k: v for k, v in schema.items() if k != "$ref"}}, defs)
+    variants = schema.get("anyOf") or schema.get("oneOf")
+    if variants:
+        non_null = [v for v in variants if v.get("type") != "null"]
+        merged = (
+            _structural(non_null[0], defs) if len(non_null) == 1 else _merge_variants(non_null, defs)
+        )
+        if len(non_null) < len(variants):
+            merged["nullable"] = True
+        if "description" in schema:
+            merged["description"] = schema["description"]
+        return merged
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "properties":
+            out["properties"] = {name: _structural(prop, defs) for name, prop in value.items()}
+        elif key == "items":
+            out["items"] = _structural(value, defs)
+        elif key == "additionalProperties":
+            if isinstance(value, dict):  # a map; `false` is implied by pruning and not allowed in CRDs
+                out["additionalProperties"] = _structural(value, defs)
+        elif key == "const":
+            out["enum"] = [value]
+        elif key == "exclusiveMinimum":
+            out["minimum"], out["exclusiveMinimum"] = value, True
+        elif key == "exclusiveMaximum":
+            out["maximum"], out["exclusiveMaximum"] = value, True
+        elif key in _KEPT_KEYWORDS:
+            out[key] = value
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    return out
+
+
+def _merge_variants(variants: list[dict[str, Any]], defs: dict[str, Any]) -> dict[str, Any]:
+    """A tagged union (model.kind, data.kind) as one object with every variant's fields.
+
+    Kubernetes cannot express "these fields when kind is X" structurally; pydantic (in the API and again in the
+    operator) checks each variant's own rules, the CRD checks types and the set of kinds.
+    """
+    resolved = [_structural(v, defs) for v in variants]
+    if not all(v.get("type") == "object" for v in resolved):
+        types = sorted({v.get("type", "?") for v in resolved})
+        if set(types) == {"integer", "string"}:
+            return {"x-kubernetes-int-or-string": True}
+        raise ValueError(f"cannot express a union of {types} in a CRD schema")
+    properties: dict[str, Any] = {}
+    for variant in resolved:
+        for name, prop in variant.get("properties", {}).items():
+            if name in properties and "enum" in prop and "enum" in properties[name]:
+                properties[name] = {**properties[name], "enum": properties[name]["enum"] + prop["enum"]}
+            else:
+                properties.setdefault(name, prop)
+    required = set.intersection(*(set(v.get("required", [])) for v in resolved))
+    merged: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        merged["required"] = sorted(required)
+    return merged
+
+
+def _openapi(model: type[BaseModel], *, by_alias: bool) -> dict[str, Any]:
+    schema = model.model_json_schema(by_alias=by_alias, mode="validation")
+    return _structural(schema, schema.get("$defs", {}))
+
+
+def _status_schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = _openapi(model, by_alias=True)
+    # The status is written by the operator only; unknown fields there are pruned like anywhere else.
+    schema.pop("required", None)
+    return schema
+
+
+def _crd(*, kind: str, plural: str, singular: str, scope: str, short_names: list[str], spec_model: type[BaseModel],
+         status_model: type[BaseModel], columns: list[dict[str, Any]]) -> dict[str, Any]:
+    spec_schema = _openapi(spec_model, by_alias=False)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": scope,
+            "names": {"kind": kind, "plural": plural, "singular": singular, "shortNames": short_names,
+                      "categories": ["kembed"]},
+            "versions": [{
+                "name": VERSION, "served": True, "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": columns,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": (spec_model.__doc__ or kind).strip().splitlines()[0],
+                    "required": ["spec"],
+                    "properties": {
+                        "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                        "metadata": {"type": "object"},
+                        "spec": spec_schema,
+                        "status": _status_schema(status_model),
+                    },
+                }},
+            }],
+        },
+    }
+
+
+def render_crds() -> list[dict[str, Any]]:
+    """The CustomResourceDefinitions of Tenant and EmbeddingJob, generated from the models above."""
+    tenant = _crd(
+        kind=TENANT_KIND, plural=TENANT_PLURAL, singular="tenant", scope="Cluster", short_names=["kt"],
+        spec_model=TenantSpec, status_model=TenantStatus,
+        columns=[
+            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+            {"name": "Namespace", "type": "string", "jsonPath": ".status.namespace"},
+            {"name": "GPUs", "type": "integer", "jsonPath": ".spec.quota.gpus"},
+            {"name": "Max Jobs", "type": "integer", "jsonPath": ".spec.quota.max_running_jobs"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+    )
+    job = _crd(
+        kind=EMBEDDING_JOB_KIND, plural=EMBEDDING_JOB_PLURAL, singular="embeddingjob", scope="Namespaced",
+        short_names=["ej"], spec_model=EmbeddingJobSpec, status_model=EmbeddingJobStatus,
+        columns=[
+            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+            {"name": "Progress", "type": "integer", "jsonPath": ".status.progress.percent",
+             "description": "Percent of training steps done."},
+            {"name": "Restarts", "type": "integer", "jsonPath": ".status.restartCount"},
+            {"name": "Nodes", "type": "integer", "jsonPath": ".spec.resources.nodes"},
+            {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+    )
+    return [tenant, job]
+
+
+# ------------------------------------------------------------------------------------------------ chart files
+_CHART_HEADER = (
+    "# Generated by `python -m kembed_api.resources --chart helm/kembed` (make manifests) from "
+    "api/kembed_api/resources.py.\n# Do not edit: change the pydantic models and regenerate; a test fails on "
+    "drift.\n"
+)
+
+
+def chart_crd_templates() -> dict[str, str]:
+    """The chart's CRD templates (file name -> text): installed when .Values.crds.install, kept on uninstall
+    when .Values.crds.keep."""
+    files = {}
+    for crd in render_crds():
+        body = copy.deepcopy(crd)
+        body["metadata"]["annotations"] = {"KEEP_PLACEHOLDER": "x"}
+        text = yaml.safe_dump(body, sort_keys=False, width=120)
+        text = text.replace(
+            "  annotations:\n    KEEP_PLACEHOLDER: x\n",
+            "  annotations:\n    {{- if .Values.crds.keep }}\n    helm.sh/resource-policy: keep\n    {{- end }}\n"
+            "  labels:\n    {{- include \"kembed.labels\" . | nindent 4 }}\n",
+        )
+        plural = crd["spec"]["names"]["plural"]
+        files[f"crd-{plural}.yaml"] = (
+            f"{_CHART_HEADER}{{{{- if .Values.crds.install }}}}\n{text}{{{{- end }}}}\n"
+        )
+    return files
+
+
+def write_chart_crds(chart_dir: pathlib.Path) -> list[pathlib.Path]:
+    target = chart_dir / "templates" / "crds"
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in chart_crd_templates().items():
+        (target / name).write_text(text)
+        written.append(target / name)
+    return written
+
+
+def now_rfc3339(clock: datetime.datetime | None = None) -> str:
+    """Kubernetes' time format (seconds, UTC, trailing Z)."""
+    moment = clock or datetime.datetime.now(datetime.UTC)
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kembed_api.resources",
+                                     description="Print the kembed CRDs as YAML (kubectl apply -f -).")
+    parser.add_argument("--chart", type=pathlib.Path, help="write the CRD templates into this chart instead")
+    args = parser.parse_args(argv)
+    if args.chart:
+        for path in write_chart_crds(args.chart):
+            print(path, file=sys.stderr)
+    else:
+        yaml.safe_dump_all(render_crds(), sys.stdout, sort_keys=False, width=120)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
