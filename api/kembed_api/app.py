@@ -1,22 +1,32 @@
-"""The FastAPI application: wiring of settings, database, backend and dispatcher."""
+"""The FastAPI application: wiring of settings, database, backend, dispatcher, metrics and routes."""
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kembed_api import __version__
+from kembed_api.auth.service import ensure_bootstrap_token
 from kembed_api.backends.base import Backend
 from kembed_api.backends.local import LocalBackend
 from kembed_api.db import Database, upgrade_to_head
 from kembed_api.dispatcher import Dispatcher
 from kembed_api.jobs import router as jobs_router
+from kembed_api.observability import Metrics, configure_json_logging
 from kembed_api.settings import Backend as BackendKind
 from kembed_api.settings import Settings
+from kembed_api.tenants import router as tenants_router
+from kembed_api.tenants.service import ensure_tenant
 
-__all__ = ["create_app"]
+__all__ = ["ADMIN_TOKEN_FILE", "create_app"]
+
+log = logging.getLogger(__name__)
+ADMIN_TOKEN_FILE = "admin-token"  # the CLI reads it (kembed_api.cli.ADMIN_TOKEN_FILE)
 
 
 def _make_backend(settings: Settings) -> Backend:
@@ -26,20 +36,40 @@ def _make_backend(settings: Settings) -> Backend:
     raise ValueError(f"backend {settings.backend.value!r} is not available in this build")
 
 
+def _bootstrap(settings: Settings, db: Database) -> None:
+    """The default tenant, and the first admin token: minted once, shown once, kept only as a 0600 file."""
+    secret = settings.bootstrap_admin_token.get_secret_value() if settings.bootstrap_admin_token else None
+    with db.session(write=True) as session:
+        tenant = ensure_tenant(session, name=settings.default_tenant)
+        minted = ensure_bootstrap_token(session, tenant=tenant, secret=secret) if settings.auth else None
+    if minted:
+        path = settings.data_dir / ADMIN_TOKEN_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(minted + "\n")
+        print(f"kembed: bootstrap platform-admin token (shown once, also in {path}):\n  {minted}", flush=True)
+
+
 def create_app(settings: Settings | None = None, *, backend: Backend | None = None) -> FastAPI:
     """The app; `backend` replaces the one the settings name (tests of the HTTP layer use a fake)."""
     settings = settings or Settings()
+    if settings.json_logs:
+        configure_json_logging()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         upgrade_to_head(settings.resolved_database_url)
         db = Database(settings.resolved_database_url)
-        dispatcher = Dispatcher(db=db, backend=backend or _make_backend(settings), public_url=settings.resolved_public_url,
-                                interval_s=settings.dispatch_interval_s)
-        app.state.settings, app.state.db, app.state.dispatcher = settings, db, dispatcher
-        app.state.backend = dispatcher.backend
+        _bootstrap(settings, db)
+        metrics = Metrics(db)
+        dispatcher = Dispatcher(db=db, backend=backend or _make_backend(settings),
+                                public_url=settings.resolved_public_url, interval_s=settings.dispatch_interval_s,
+                                metrics=metrics)
+        app.state.settings, app.state.db, app.state.metrics = settings, db, metrics
+        app.state.dispatcher, app.state.backend = dispatcher, dispatcher.backend
         dispatcher.start()
+        log.info("kembed API ready (backend %s, database %s)", settings.backend.value, db.engine.url.get_backend_name())
         try:
             yield
         finally:
@@ -50,13 +80,23 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
         title="kembed",
         version=__version__,
         summary="Training-as-a-service for large sparse-embedding models.",
-        description="Submit embedding-training jobs, follow their progress, read their logs and checkpoints.",
+        description=(
+            "Submit embedding-training jobs, follow their progress, read their logs, metrics and checkpoints. "
+            "Every call but `/healthz` and `/metrics` needs `Authorization: Bearer <token>`; a token belongs to "
+            "one tenant and sees only that tenant's jobs."
+        ),
         lifespan=lifespan,
     )
     app.include_router(jobs_router.router)
+    app.include_router(tenants_router.router)
 
-    @app.get("/healthz", tags=["health"], summary="Liveness: the server answers")
+    @app.get("/healthz", tags=["operations"], summary="Liveness: the server answers")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/metrics", tags=["operations"], summary="Prometheus metrics", response_class=Response,
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+    def metrics(request: Request) -> Response:
+        return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

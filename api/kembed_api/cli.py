@@ -20,6 +20,9 @@ from rich.table import Column, Table
 
 from kembed_api.client import ApiError, Client
 
+# Also written by kembed_api.app; repeated here so the CLI's client commands don't import the server.
+ADMIN_TOKEN_FILE = "admin-token"
+
 __all__ = ["app"]
 
 app = typer.Typer(help="kembed: training-as-a-service for sparse-embedding models.", no_args_is_help=True,
@@ -34,8 +37,16 @@ TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan"}
 
 
+def _token() -> str | None:
+    """KEMBED_TOKEN, else the admin token the embedded server wrote into its data dir (KEMBED_DATA_DIR)."""
+    if os.environ.get("KEMBED_TOKEN"):
+        return os.environ["KEMBED_TOKEN"]
+    path = Path(os.environ.get("KEMBED_DATA_DIR", ".kembed")) / ADMIN_TOKEN_FILE
+    return path.read_text().strip() if path.is_file() else None
+
+
 def _client(server: str) -> Client:
-    return Client(server, token=os.environ.get("KEMBED_TOKEN"))
+    return Client(server, token=_token())
 
 
 def _fail(error: ApiError | Exception) -> None:
@@ -260,8 +271,10 @@ def demo(
         stdout=subprocess.DEVNULL, start_new_session=True,
     )
     try:
-        with Client(url) as client:
-            _wait_healthy(client, server)
+        with Client(url) as probe:
+            _wait_healthy(probe, server)
+        token = (data_dir / ADMIN_TOKEN_FILE).read_text().strip()
+        with Client(url, token=token) as client:
             spec = yaml.safe_load(resources.files("kembed_api.samples").joinpath("demo-ctr.yaml").read_text())
             console.print(f"POST {url}/v1/jobs  (sample job: {spec['name']}, DLRM on synthetic Zipf click data)")
             job = client.submit(spec)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import DateTime, Engine, create_engine, event
+from sqlalchemy import DateTime, Engine, create_engine, event, text
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
@@ -42,6 +42,8 @@ class Base(DeclarativeBase):
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    # We emit BEGIN ourselves (see _sqlite_begin), so the driver must not.
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     # WAL lets the dispatcher write while HTTP handlers read; busy_timeout turns lock contention into waiting.
     cursor.execute("PRAGMA journal_mode=WAL")
@@ -51,8 +53,19 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.close()
 
 
+def _sqlite_begin(connection) -> None:
+    # A deferred transaction that reads and then writes fails with "database is locked" when another writer
+    # committed in between; writers therefore take the write lock up front (BEGIN IMMEDIATE) and wait for it.
+    immediate = connection.get_execution_options().get("kembed_write", False)
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+# Held by a dispatcher pass, so that two API replicas on one PostgreSQL never admit at the same time.
+_DISPATCH_LOCK_KEY = 0x6B656D62  # "kemb"
+
+
 class Database:
-    """One engine and session factory per process."""
+    """One engine and session factories per process."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -60,22 +73,33 @@ class Database:
             path = url.split("///", 1)[-1]
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self.engine: Engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
+            self.engine: Engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
             event.listen(self.engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine, "begin", _sqlite_begin)
         else:
             self.engine = create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+        self.is_sqlite = url.startswith("sqlite")
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._write_sessions = sessionmaker(self.engine.execution_options(kembed_write=True), expire_on_commit=False)
 
     @contextmanager
-    def session(self) -> Iterator[Session]:
-        """A unit of work: committed when the block ends normally, rolled back on error."""
-        with self._sessions() as session:
+    def session(self, *, write: bool = False) -> Iterator[Session]:
+        """A unit of work: committed when the block ends normally, rolled back on error.
+
+        `write=True` for a unit that reads and then writes: on SQLite it holds the write lock from the start.
+        """
+        with (self._write_sessions if write else self._sessions)() as session:
             try:
                 yield session
                 session.commit()
             except BaseException:
                 session.rollback()
                 raise
+
+    def lock_for_dispatch(self, session: Session) -> None:
+        """Serialise dispatcher passes across processes (SQLite's write lock already does, within its file)."""
+        if not self.is_sqlite:
+            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DISPATCH_LOCK_KEY})
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -1,30 +1,86 @@
-"""FastAPI dependencies: the per-request database session and the caller's tenant."""
+"""FastAPI dependencies: database sessions and who is calling (token -> tenant + role)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from kembed_api.admission import Quota
+from kembed_api.auth import service as auth_service
+from kembed_api.auth.roles import Action, Role, allowed
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import ensure_tenant
 
-__all__ = ["CurrentTenant", "DbSession", "current_tenant", "db_session"]
+__all__ = [
+    "Admin", "BackendCapacity", "DbSession", "Principal", "Reader", "Submitter", "TokenManager", "WriteSession",
+]
+
+_bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer kmb_...`")
 
 
-def db_session(request: Request) -> Iterator[Session]:
+def _db_session(request: Request) -> Iterator[Session]:
     with request.app.state.db.session() as session:
         yield session
 
 
-DbSession = Annotated[Session, Depends(db_session)]
+def _write_session(request: Request) -> Iterator[Session]:
+    with request.app.state.db.session(write=True) as session:
+        yield session
 
 
-def current_tenant(request: Request, session: DbSession) -> Tenant:
-    # The embedded default has one built-in tenant and no tokens; token auth replaces this for multi-tenant use.
-    return ensure_tenant(session, name=request.app.state.settings.default_tenant)
+DbSession = Annotated[Session, Depends(_db_session)]
+WriteSession = Annotated[Session, Depends(_write_session)]
 
 
-CurrentTenant = Annotated[Tenant, Depends(current_tenant)]
+@dataclass(frozen=True)
+class Principal:
+    """The caller: a tenant and a role (and the token, when tokens are on)."""
+
+    tenant: Tenant
+    role: Role
+    token_id: int | None = None
+
+
+def _principal(
+    request: Request, session: DbSession, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Principal:
+    settings = request.app.state.settings
+    if not settings.auth:
+        # Tokens switched off (a private single-user server): everyone is the default tenant's admin.
+        return Principal(tenant=ensure_tenant(session, name=settings.default_tenant), role=Role.PLATFORM_ADMIN)
+    if credentials is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing token: send `Authorization: Bearer <token>`",
+                            headers={"WWW-Authenticate": "Bearer"})
+    found = auth_service.authenticate(session, secret=credentials.credentials)
+    if found is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token",
+                            headers={"WWW-Authenticate": "Bearer"})
+    token, tenant = found
+    return Principal(tenant=tenant, role=Role(token.role), token_id=token.id)
+
+
+def _require(action: Action) -> Callable[[Principal], Principal]:
+    def check(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
+        if not allowed(principal.role, action):
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"role {principal.role.value} may not {action.value}")
+        return principal
+
+    return check
+
+
+Reader = Annotated[Principal, Depends(_require(Action.READ))]
+Submitter = Annotated[Principal, Depends(_require(Action.SUBMIT))]
+TokenManager = Annotated[Principal, Depends(_require(Action.MANAGE_TOKENS))]
+Admin = Annotated[Principal, Depends(_require(Action.MANAGE_TENANTS))]
+
+
+def _capacity(request: Request) -> Quota:
+    return request.app.state.backend.capacity()
+
+
+BackendCapacity = Annotated[Quota, Depends(_capacity)]

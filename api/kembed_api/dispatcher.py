@@ -1,28 +1,35 @@
 """The dispatcher: watches admitted jobs' trainers, ends or restarts them, and admits queued jobs.
 
-One pass (`run_once`) is a plain function of the database and the backend, so tests drive it step by step;
-`Dispatcher.start()` runs passes in a thread, woken early by `wake()` (a submit, a cancel, a report).
+One pass (`run_once`) is one database transaction under the dispatch lock, so passes of two API replicas on
+one PostgreSQL never interleave and never admit past a quota. Passes are plain calls, so tests drive them step
+by step; `Dispatcher.start()` runs them in a thread, woken early by `wake()` (a submit, a cancel, an exit).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
+from kembed_api.admission import Demand, shortfall
 from kembed_api.backends.base import Backend, Launch
 from kembed_api.db import Database, utcnow
 from kembed_api.jobs import service
 from kembed_api.jobs.models import Job
+from kembed_api.observability import Metrics
 from kembed_api.spec import ACTIVE_STATES, JobSpec, JobState
 from kembed_api.tenants.models import Tenant
+from kembed_api.tenants.service import quota_of
 
 __all__ = ["Dispatcher"]
 
 log = logging.getLogger(__name__)
+_ACTIVE = [s.value for s in ACTIVE_STATES]
 
 
 class Dispatcher:
@@ -34,8 +41,9 @@ class Dispatcher:
         public_url: str,
         interval_s: float = 0.5,
         clock: Callable[[], datetime] = utcnow,
+        metrics: Metrics | None = None,
     ) -> None:
-        self.db, self.backend, self.public_url = db, backend, public_url
+        self.db, self.backend, self.public_url, self.metrics = db, backend, public_url, metrics
         self.interval_s, self.clock = interval_s, clock
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -70,9 +78,11 @@ class Dispatcher:
     # ------------------------------------------------------------------------------------------- passes
     def recover(self) -> None:
         """On start: jobs that held an admission when the last server stopped resume from their checkpoint."""
-        with self.db.session() as session:
-            for job in session.scalars(select(Job).where(Job.state.in_([s.value for s in ACTIVE_STATES]))):
-                self.backend.reclaim(job.id, job.backend_state)
+        with self.db.session(write=True) as session:
+            self.db.lock_for_dispatch(session)
+            for job in session.scalars(select(Job).where(Job.state.in_(_ACTIVE))):
+                if not job.backend_state or not self.backend.reclaim(job.id, job.backend_state):
+                    continue  # not started yet, or its trainers live on (Kubernetes) and are followed as before
                 job.backend_state = {}
                 if job.cancel_requested:
                     service.transition(session, job, JobState.CANCELLED, reason="Cancelled",
@@ -84,19 +94,16 @@ class Dispatcher:
                                    now=self.clock())
 
     def run_once(self) -> None:
-        self._observe_active_jobs()
-        self._admit_queued_jobs()
-
-    def _observe_active_jobs(self) -> None:
         kill_overdue = getattr(self.backend, "kill_overdue", None)
         if kill_overdue:
             kill_overdue()
-        with self.db.session() as session:
-            jobs = list(session.scalars(select(Job).where(Job.state.in_([s.value for s in ACTIVE_STATES]))))
-            for job in jobs:
+        with self.db.session(write=True) as session:
+            self.db.lock_for_dispatch(session)
+            for job in session.scalars(select(Job).where(Job.state.in_(_ACTIVE))).all():
                 self._observe(session, job)
+            self._admit(session)
 
-    def _observe(self, session, job: Job) -> None:
+    def _observe(self, session: Session, job: Job) -> None:
         now = self.clock()
         if not job.backend_state:  # admitted (or restarting) but not started yet
             if job.cancel_requested:
@@ -126,21 +133,15 @@ class Dispatcher:
             reason = ended.reason if not ended.retryable else "BackoffLimitExceeded"
             service.transition(session, job, JobState.FAILED, reason=reason, message=ended.message, now=now)
 
-    def _launch(self, session, job: Job) -> None:
+    def _launch(self, session: Session, job: Job) -> None:
         token, token_hash = service.new_report_token()
         tenant = session.get(Tenant, job.tenant_id)
         spec = JobSpec.model_validate(job.spec)
         resuming = job.state == JobState.RESTARTING
         job.report_token_hash = token_hash
         job.backend_state = self.backend.start(
-            Launch(
-                job_id=job.id,
-                tenant=tenant.name,
-                spec=spec,
-                attempt=job.restart_count + 1,
-                report_url=f"{self.public_url}/v1/jobs/{job.id}/reports",
-                report_token=token,
-            )
+            Launch(job_id=job.id, tenant=tenant.name, spec=spec, attempt=job.restart_count + 1,
+                   report_url=f"{self.public_url}/v1/jobs/{job.id}/reports", report_token=token)
         )
         processes = f"{spec.resources.num_processes} trainer processes on {spec.resources.nodes} node(s)"
         if resuming:
@@ -149,18 +150,37 @@ class Dispatcher:
         else:
             service.transition(session, job, JobState.RUNNING, reason="Started", message=processes, now=self.clock())
 
-    def _admit_queued_jobs(self) -> None:
-        with self.db.session() as session:
-            in_use = service.count_active_processes(session)
-            queued = session.scalars(
-                select(Job).where(Job.state == JobState.QUEUED).order_by(Job.priority.desc(), Job.seq)
-            )
-            for job in queued:
-                spec = JobSpec.model_validate(job.spec)
-                if not self.backend.has_room(spec, num_processes_in_use=in_use):
-                    break  # strict priority + FIFO: a smaller job never overtakes the head of the queue
-                service.transition(session, job, JobState.ADMITTED, reason="Admitted",
-                                   message=f"{spec.resources.num_processes} of the backend's slots reserved",
-                                   now=self.clock())
-                in_use += spec.resources.num_processes
-                self._launch(session, job)
+    def _admit(self, session: Session) -> None:
+        """Per-tenant queues, priority then FIFO; each admission all-or-nothing against quota and capacity.
+
+        Within a tenant the head of the queue is never overtaken (a smaller job behind it waits too); across
+        tenants, one tenant's blocked head does not hold up the others.
+        """
+        used_by_tenant: dict[int, Demand] = defaultdict(Demand)
+        for active in session.scalars(select(Job).where(Job.state.in_(_ACTIVE))):
+            used_by_tenant[active.tenant_id] += service.demand_of(active)
+        used_everywhere = sum(used_by_tenant.values(), Demand())
+        capacity = self.backend.capacity()
+        tenants = {t.id: t for t in session.scalars(select(Tenant))}
+        blocked: set[int] = set()
+        queued = session.scalars(select(Job).where(Job.state == JobState.QUEUED).order_by(Job.priority.desc(), Job.seq))
+        for job in queued.all():
+            if job.tenant_id in blocked:
+                continue
+            demand = service.demand_of(job)
+            why = shortfall(quota_of(tenants[job.tenant_id]), used=used_by_tenant[job.tenant_id], demand=demand)
+            why = why or shortfall(capacity, used=used_everywhere, demand=demand)
+            if why:
+                blocked.add(job.tenant_id)
+                message = f"waiting for {why}"
+                if job.message != message:  # say why it waits, without an event per pass
+                    job.message = message
+                continue
+            service.transition(session, job, JobState.ADMITTED, reason="Admitted",
+                               message=f"reserved {service.describe(demand)}", now=self.clock())
+            if self.metrics:
+                self.metrics.observe_admission(tenant=tenants[job.tenant_id].name, created_at=job.created_at,
+                                               admitted_at=job.admitted_at)
+            used_by_tenant[job.tenant_id] += demand
+            used_everywhere += demand
+            self._launch(session, job)

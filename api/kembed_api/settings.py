@@ -6,7 +6,7 @@ import os
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Backend", "Settings"]
@@ -62,8 +62,19 @@ class Settings(BaseSettings):
         description="Seconds a stopping trainer gets to write its SIGTERM checkpoint before it is killed.",
     )
     default_tenant: str = Field(
-        "default", description="The built-in tenant of the embedded default (no tokens needed)."
+        "default", description="The tenant created on first start; the bootstrap admin token belongs to it."
     )
+    auth: bool = Field(
+        True,
+        description="Require API tokens. Off only for a private single-user server: then every caller is the "
+        "default tenant's platform admin.",
+    )
+    bootstrap_admin_token: SecretStr | None = Field(
+        None,
+        description="A platform-admin token to make sure exists (e.g. from a Kubernetes Secret). Unset: on "
+        "first start a token is minted, printed once and written to <data_dir>/admin-token (mode 0600).",
+    )
+    json_logs: bool = Field(False, description="Log one JSON object per line (for log collectors).")
 
     @model_validator(mode="after")
     def _resolve_paths(self) -> Settings:

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from kembed_api.admission import Quota
 from kembed_api.backends.base import Exit, Launch
 from kembed_api.db import Database, upgrade_to_head
 from kembed_api.spec import JobSpec
@@ -37,8 +38,8 @@ class FakeBackend:
             raise ValueError(f"resources: needs {spec.resources.num_processes} processes, "
                              f"the backend has {self.slots} slots")
 
-    def has_room(self, spec: JobSpec, *, num_processes_in_use: int) -> bool:
-        return num_processes_in_use + spec.resources.num_processes <= self.slots
+    def capacity(self) -> Quota:
+        return Quota(max_processes=self.slots)
 
     def start(self, launch: Launch) -> dict[str, Any]:
         self.started.append(launch)
@@ -50,8 +51,9 @@ class FakeBackend:
     def stop(self, job_id: str) -> None:
         self.stopped.append(job_id)
 
-    def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> None:
+    def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> bool:
         self.reclaimed.append(job_id)
+        return True
 
     def read_logs(self, job_id: str, *, tail_lines: int | None = None) -> str:
         return ""

@@ -18,6 +18,8 @@ def client(tmp_path, backend):
     backend.slots = 2
     app = create_app(Settings(data_dir=tmp_path, dispatch_interval_s=0.05), backend=backend)
     with TestClient(app) as test_client:
+        token = (tmp_path / "admin-token").read_text().strip()
+        test_client.headers["Authorization"] = f"Bearer {token}"
         yield test_client
 
 

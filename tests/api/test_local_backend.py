@@ -2,6 +2,7 @@
 
 import pytest
 
+from kembed_api.admission import Quota
 from kembed_api.backends.local import LocalBackend
 from kembed_api.spec import JobSpec
 from tests.builders import make_spec
@@ -24,7 +25,5 @@ def test_gpus_are_refused_on_the_cpu_only_local_backend(local):
         local.check_fits(JobSpec.model_validate(spec))
 
 
-def test_room_counts_processes_in_use(local):
-    spec = JobSpec.model_validate(make_spec().with_nodes(1, 2).build())
-    assert local.has_room(spec, num_processes_in_use=2)
-    assert not local.has_room(spec, num_processes_in_use=3)
+def test_capacity_is_the_slots_in_trainer_processes(local):
+    assert local.capacity() == Quota(max_processes=4)

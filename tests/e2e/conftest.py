@@ -43,6 +43,9 @@ class ServerProcess:
             assert self.process.poll() is None, f"server exited with {self.process.returncode}"
             try:
                 self.client.health()
+                token = (self.data_dir / "admin-token").read_text().strip()
+                self.client = Client(self.url, token=token)
+                self.token = token
                 return self
             except Exception:  # noqa: BLE001 (not listening yet)
                 time.sleep(0.2)

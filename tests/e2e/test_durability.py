@@ -25,7 +25,7 @@ def _trainer_pids(job_id: str) -> list[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                environ = open(f"/proc/{entry}/environ", "rb").read()
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
             except OSError:
                 continue
             if f"KEMBED_JOB_ID={job_id}".encode() in environ:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -38,24 +39,24 @@ def test_a_job_submitted_over_http_trains_to_succeeded(server):
 def test_the_cli_submits_follows_and_reports_the_outcome(server, tmp_path):
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text(yaml.safe_dump(make_spec("cli").build()))
-    kembed = [sys.executable, "-m", "kembed_api.cli"]
-    followed = subprocess.run([*kembed, "submit", str(spec_file), "--follow", "--server", server.url],
-                              capture_output=True, text=True, timeout=300)
+
+    def kembed(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kembed_api.cli", *args, "--server", server.url],
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "KEMBED_TOKEN": server.token})
+
+    followed = kembed("submit", str(spec_file), "--follow")
     assert followed.returncode == 0, followed.stdout + followed.stderr
     assert "final state: SUCCEEDED" in followed.stdout
     assert "eval auc:" in followed.stdout and "checkpoint: file://" in followed.stdout
 
     job_id = followed.stdout.split("submitted ")[1].split()[0]
-    listed = subprocess.run([*kembed, "jobs", "--server", server.url], capture_output=True, text=True, check=True)
-    assert job_id in listed.stdout
-    status = subprocess.run([*kembed, "status", job_id, "--server", server.url], capture_output=True, text=True,
-                            check=True)
+    assert job_id in kembed("jobs").stdout
+    status = kembed("status", job_id)
     assert "SUCCEEDED" in status.stdout and "Completed" in status.stdout
-    logs = subprocess.run([*kembed, "logs", job_id, "--tail", "3", "--server", server.url],
-                          capture_output=True, text=True, check=True)
+    logs = kembed("logs", job_id, "--tail", "3")
     assert json.loads(logs.stdout.strip().splitlines()[-1])["event"] == "done"
-    missing = subprocess.run([*kembed, "status", "nope-00000", "--server", server.url], capture_output=True,
-                             text=True)
+    missing = kembed("status", "nope-00000")
     assert missing.returncode == 1 and "404" in missing.stdout
 
 

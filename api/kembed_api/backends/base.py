@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kembed_api.admission import Quota
 from kembed_api.spec import JobSpec
 
 __all__ = ["Backend", "Exit", "Launch"]
@@ -36,8 +37,8 @@ class Backend(Protocol):
     def check_fits(self, spec: JobSpec) -> None:
         """Raise ValueError saying why, if this job could never run here (too big for any capacity)."""
 
-    def has_room(self, spec: JobSpec, *, num_processes_in_use: int) -> bool:
-        """Whether the job fits beside what already runs (gang: all of it, or nothing)."""
+    def capacity(self) -> Quota:
+        """What all admitted jobs together may hold here (unlimited where the cluster itself enforces it)."""
 
     def start(self, launch: Launch) -> dict[str, Any]:
         """Start the gang; returns what must be stored to find it again after a restart."""
@@ -48,8 +49,12 @@ class Backend(Protocol):
     def stop(self, job_id: str) -> None:
         """Ask the trainers to checkpoint and exit (SIGTERM); returns at once."""
 
-    def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> None:
-        """After a restart of the server: end whatever of this job an earlier server left running."""
+    def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> bool:
+        """After a restart of the server, for a job an earlier server started.
+
+        True: whatever was left of it has been ended, and the job must be started again (from its checkpoint).
+        False: it lives on outside the server (e.g. on Kubernetes) and is simply followed again.
+        """
 
     def read_logs(self, job_id: str, *, tail_lines: int | None = None) -> str:
         """The job's logs, oldest first."""

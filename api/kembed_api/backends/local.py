@@ -7,6 +7,7 @@ SIGTERMs them (they checkpoint), and a server that died is cleaned up by `reclai
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -21,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from kembed_api.admission import Quota
 from kembed_api.backends.base import Exit, Launch
 from kembed_api.spec import JobSpec
 
@@ -56,10 +58,8 @@ def _is_our_process(pid: int, job_id: str) -> bool:
 
 
 def _signal_group(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 class LocalBackend:
@@ -83,8 +83,8 @@ class LocalBackend:
                 f"(nodes x procs_per_node) but this server has {self.slots} local slots (KEMBED_LOCAL_SLOTS)"
             )
 
-    def has_room(self, spec: JobSpec, *, num_processes_in_use: int) -> bool:
-        return num_processes_in_use + spec.resources.num_processes <= self.slots
+    def capacity(self) -> Quota:
+        return Quota(max_processes=self.slots)
 
     # ------------------------------------------------------------------------------------------- lifecycle
     def _job_dir(self, job_id: str) -> Path:
@@ -186,7 +186,8 @@ class LocalBackend:
                     if process.poll() is None:
                         _signal_group(process.pid, signal.SIGKILL)
 
-    def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> None:
+    def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> bool:
+        # Trainers never outlive the server that started them: end what is left (SIGTERM: they checkpoint).
         pids = [pid for pid in backend_state.get("pids", []) if _is_our_process(pid, job_id)]
         for pid in pids:
             _signal_group(pid, signal.SIGTERM)
@@ -196,6 +197,7 @@ class LocalBackend:
             time.sleep(0.2)
         for pid in pids:
             _signal_group(pid, signal.SIGKILL)
+        return True
 
     def read_logs(self, job_id: str, *, tail_lines: int | None = None) -> str:
         log_dir = self._log_dir(job_id)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from kembed_api.db import Base, UTCDateTime, utcnow
@@ -25,6 +25,11 @@ class Job(Base):
     name: Mapped[str] = mapped_column(String(48))
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     priority: Mapped[int] = mapped_column(Integer, default=0)
+    # What the whole gang requests (nodes x per-node), kept as columns so quota sums are one query.
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    cpu: Mapped[float] = mapped_column(Float, default=0.0)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    processes: Mapped[int] = mapped_column(Integer, default=0)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
 
     state: Mapped[str] = mapped_column(String(16))

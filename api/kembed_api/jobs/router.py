@@ -7,15 +7,18 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse
 
-from kembed_api.deps import CurrentTenant, DbSession
+from kembed_api import checkpoints
+from kembed_api.deps import BackendCapacity, DbSession, Reader, Submitter, WriteSession
 from kembed_api.jobs import service
 from kembed_api.jobs.models import Job
-from kembed_api.jobs.schemas import JobCreate, JobList, JobMetricRead, JobRead, ReportRecord
-from kembed_api.spec import JobState
+from kembed_api.jobs.schemas import JobCreate, JobEventRead, JobList, JobMetricRead, JobRead, ReportRecord
+from kembed_api.spec import JobSpec, JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-_NOT_FOUND = {404: {"description": "No such job for this tenant."}}
+_NOT_FOUND = {404: {"description": "No such job for this tenant (another tenant's job is not found either)."}}
+_AUTH = {401: {"description": "Missing, invalid, expired or revoked token."},
+         403: {"description": "The token's role may not do this (viewers only read)."}}
 
 
 def _not_found(job_id: str) -> HTTPException:
@@ -29,6 +32,8 @@ def _not_found(job_id: str) -> HTTPException:
     responses={
         200: {"model": JobRead, "description": "A repeated Idempotency-Key: the job the first request created."},
         422: {"description": "The spec is invalid or the job could never run here; `detail` names the field."},
+        429: {"description": "The tenant's queue is full (quota.max_queued_jobs)."},
+        **_AUTH,
     },
     summary="Submit a job",
 )
@@ -36,8 +41,9 @@ def submit_job(
     spec: JobCreate,
     request: Request,
     response: Response,
-    session: DbSession,
-    tenant: CurrentTenant,
+    session: WriteSession,
+    principal: Submitter,
+    capacity: BackendCapacity,
     idempotency_key: Annotated[
         str | None,
         Header(max_length=200, description="Retries with the same key return the first job instead of a new one."),
@@ -47,35 +53,43 @@ def submit_job(
         request.app.state.backend.check_fits(spec)
     except ValueError as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(error)) from error
-    job, created = service.submit(
-        session, tenant=tenant, spec=spec, checkpoint_root=request.app.state.settings.resolved_checkpoint_root,
-        idempotency_key=idempotency_key,
-    )
+    try:
+        job, created = service.submit(
+            session, tenant=principal.tenant, spec=spec,
+            checkpoint_root=request.app.state.settings.resolved_checkpoint_root, idempotency_key=idempotency_key,
+        )
+    except service.CannotRun as error:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(error)) from error
+    except service.QueueFull as error:
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, detail=str(error)) from error
     session.commit()
     request.app.state.dispatcher.wake()
     if not created:
         response.status_code = status.HTTP_200_OK
-    return service.read_job(session, tenant=tenant, job_id=job.id)
+    return service.read_job(session, tenant=principal.tenant, job_id=job.id, capacity=capacity)
 
 
-@router.get("", response_model=JobList, summary="List jobs, newest first")
+@router.get("", response_model=JobList, responses=_AUTH, summary="List jobs, newest first")
 def list_jobs(
     session: DbSession,
-    tenant: CurrentTenant,
+    principal: Reader,
+    capacity: BackendCapacity,
     state: Annotated[list[JobState] | None, Query(description="Only jobs in these states.")] = None,
+    name: Annotated[str | None, Query(max_length=48, description="Only jobs submitted with this name.")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=64, description="`next_cursor` of the previous page.")] = None,
 ) -> JobList:
     try:
-        return service.list_jobs(session, tenant=tenant, states=state, limit=limit, cursor=cursor)
+        return service.list_jobs(session, tenant=principal.tenant, capacity=capacity, states=state, name=name,
+                                 limit=limit, cursor=cursor)
     except ValueError as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=f"cursor: {error}") from error
 
 
-@router.get("/{job_id}", response_model=JobRead, responses=_NOT_FOUND, summary="One job with its events")
-def get_job(job_id: str, session: DbSession, tenant: CurrentTenant) -> JobRead:
+@router.get("/{job_id}", response_model=JobRead, responses={**_NOT_FOUND, **_AUTH}, summary="One job with its events")
+def get_job(job_id: str, session: DbSession, principal: Reader, capacity: BackendCapacity) -> JobRead:
     try:
-        return service.read_job(session, tenant=tenant, job_id=job_id)
+        return service.read_job(session, tenant=principal.tenant, job_id=job_id, capacity=capacity)
     except service.JobNotFound:
         raise _not_found(job_id) from None
 
@@ -84,53 +98,69 @@ def get_job(job_id: str, session: DbSession, tenant: CurrentTenant) -> JobRead:
     "/{job_id}/cancel",
     response_model=JobRead,
     status_code=status.HTTP_202_ACCEPTED,
-    responses=_NOT_FOUND,
+    responses={**_NOT_FOUND, **_AUTH},
     summary="Cancel a job (a running one saves a checkpoint first)",
 )
-def cancel_job(job_id: str, request: Request, session: DbSession, tenant: CurrentTenant) -> JobRead:
+def cancel_job(
+    job_id: str, request: Request, session: WriteSession, principal: Submitter, capacity: BackendCapacity
+) -> JobRead:
     try:
-        service.request_cancel(session, tenant=tenant, job_id=job_id)
+        service.request_cancel(session, tenant=principal.tenant, job_id=job_id)
     except service.JobNotFound:
         raise _not_found(job_id) from None
     session.commit()
     request.app.state.dispatcher.wake()
-    return service.read_job(session, tenant=tenant, job_id=job_id)
+    return service.read_job(session, tenant=principal.tenant, job_id=job_id, capacity=capacity)
 
 
 @router.get(
     "/{job_id}/logs",
     response_class=PlainTextResponse,
-    responses={**_NOT_FOUND, 200: {"content": {"text/plain": {}}, "description": "The trainers' output."}},
+    responses={**_NOT_FOUND, **_AUTH, 200: {"content": {"text/plain": {}}, "description": "The trainers' output."}},
     summary="Trainer logs",
 )
 def job_logs(
     job_id: str,
     request: Request,
     session: DbSession,
-    tenant: CurrentTenant,
+    principal: Reader,
     tail: Annotated[int | None, Query(ge=1, le=100_000, description="Only the last N lines of each node.")] = None,
 ) -> str:
-    try:
-        service.get_job(session, tenant=tenant, job_id=job_id)
-    except service.JobNotFound:
-        raise _not_found(job_id) from None
+    _job_of(session, principal, job_id)
     return request.app.state.backend.read_logs(job_id, tail_lines=tail)
 
 
-@router.get("/{job_id}/metrics", response_model=list[JobMetricRead], responses=_NOT_FOUND,
+def _job_of(session, principal, job_id: str) -> Job:
+    try:
+        return service.get_job(session, tenant=principal.tenant, job_id=job_id)
+    except service.JobNotFound:
+        raise _not_found(job_id) from None
+
+
+@router.get("/{job_id}/events", response_model=list[JobEventRead], responses={**_NOT_FOUND, **_AUTH},
+            summary="Every state change of a job, with time, reason and message")
+def job_events(job_id: str, session: DbSession, principal: Reader) -> list[JobEventRead]:
+    return service.list_events(session, job=_job_of(session, principal, job_id))
+
+
+@router.get("/{job_id}/checkpoints", response_model=list[checkpoints.CheckpointRead],
+            responses={**_NOT_FOUND, **_AUTH}, summary="Complete checkpoints with step, time and size")
+def job_checkpoints(job_id: str, session: DbSession, principal: Reader) -> list[checkpoints.CheckpointRead]:
+    job = _job_of(session, principal, job_id)
+    uri = JobSpec.model_validate(job.spec).trainer.checkpoint.uri
+    return checkpoints.list_checkpoints(uri) if uri else []
+
+
+@router.get("/{job_id}/metrics", response_model=list[JobMetricRead], responses={**_NOT_FOUND, **_AUTH},
             summary="The series of records the trainer reported")
 def job_metrics(
     job_id: str,
     session: DbSession,
-    tenant: CurrentTenant,
+    principal: Reader,
     event: Annotated[str | None, Query(max_length=32, description="progress, eval, checkpoint, ...")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> list[JobMetricRead]:
-    try:
-        job = service.get_job(session, tenant=tenant, job_id=job_id)
-    except service.JobNotFound:
-        raise _not_found(job_id) from None
-    return service.list_metrics(session, job=job, event=event, limit=limit)
+    return service.list_metrics(session, job=_job_of(session, principal, job_id), event=event, limit=limit)
 
 
 @router.post(
@@ -142,7 +172,7 @@ def job_metrics(
 def report(
     job_id: str,
     record: ReportRecord,
-    session: DbSession,
+    session: WriteSession,
     authorization: Annotated[str | None, Header(description="Bearer <per-job report token>")] = None,
 ) -> Response:
     # Trainers hold a token for their own job only, so the job is found by id alone, then the token is checked.

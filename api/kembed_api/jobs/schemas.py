@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kembed_api.spec import JobSpec, JobState
 
-__all__ = ["JobCreate", "JobEventRead", "JobList", "JobMetricRead", "JobRead", "Progress", "ReportRecord"]
+__all__ = ["JobCreate", "JobEstimates", "JobEventRead", "JobList", "JobMetricRead", "JobRead", "Progress", "ReportRecord"]
 
 JobCreate = JobSpec
 
@@ -25,6 +25,12 @@ class JobEventRead(BaseModel):
     state: JobState
     reason: str
     message: str
+
+
+class JobEstimates(BaseModel):
+    table_memory_bytes_per_rank: int = Field(
+        description="Embedding weights plus sparse-optimizer state if every rank held every table (upper bound)."
+    )
 
 
 class JobRead(BaseModel):
@@ -63,6 +69,10 @@ class JobRead(BaseModel):
     checkpoint: str | None = Field(description="URI of the latest complete checkpoint.")
     checkpoint_step: int | None
     queue_position: int | None = Field(None, description="1 = next to be admitted (QUEUED jobs only).")
+    estimated_start_at: datetime | None = Field(
+        None, description="When a QUEUED job is expected to start; null when it cannot be estimated yet."
+    )
+    estimates: JobEstimates
     spec: JobSpec
     events: list[JobEventRead] = Field(default_factory=list)
 

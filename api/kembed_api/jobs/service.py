@@ -8,20 +8,35 @@ import hmac
 import secrets
 import string
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from kembed_api.admission import Demand, Quota, RunningJob, estimate_start_times, never_fits
 from kembed_api.db import utcnow
+from kembed_api.estimates import table_memory_bytes_per_rank
 from kembed_api.jobs.models import Job, JobEvent, JobMetric
-from kembed_api.jobs.schemas import JobEventRead, JobList, JobMetricRead, JobRead, Progress, ReportRecord
+from kembed_api.jobs.schemas import (
+    JobEstimates,
+    JobEventRead,
+    JobList,
+    JobMetricRead,
+    JobRead,
+    Progress,
+    ReportRecord,
+)
 from kembed_api.spec import ACTIVE_STATES, TERMINAL_STATES, JobSpec, JobState
 from kembed_api.tenants.models import Tenant
+from kembed_api.tenants.service import quota_of
 
 __all__ = [
+    "CannotRun",
     "InvalidTransition",
+    "QueueFull",
+    "demand_of",
+    "describe",
     "JobNotFound",
     "apply_report",
     "get_job",
@@ -30,6 +45,7 @@ __all__ = [
     "list_jobs",
     "list_metrics",
     "new_report_token",
+    "queue_forecast",
     "read_job",
     "request_cancel",
     "submit",
@@ -65,6 +81,14 @@ class JobNotFound(LookupError):
 
 class InvalidTransition(RuntimeError):
     pass
+
+
+class CannotRun(ValueError):
+    """The job could never run for this tenant (422): bigger than its quota or than the memory it asks for."""
+
+
+class QueueFull(RuntimeError):
+    """The tenant already has as many queued jobs as its quota allows (429)."""
 
 
 def _new_job_id(name: str) -> str:
@@ -120,8 +144,20 @@ def submit(
         )
         if existing is not None:
             return existing, False
+    _check_can_run(spec, tenant=tenant)
+    if tenant.quota_max_queued_jobs is not None:
+        # Concurrent submissions of one tenant count its queue one at a time (PostgreSQL row lock; SQLite's
+        # write transaction already serialises them).
+        session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
+        queued = session.scalar(
+            select(func.count()).where(Job.tenant_id == tenant.id, Job.state == JobState.QUEUED)
+        )
+        if queued >= tenant.quota_max_queued_jobs:
+            raise QueueFull(f"tenant {tenant.name!r} already has {queued} queued jobs "
+                            f"(quota.max_queued_jobs is {tenant.quota_max_queued_jobs}); retry when some have started")
     now = now or utcnow()
     job_id = _new_job_id(spec.name)
+    demand = Demand.of(spec)
     if spec.trainer.checkpoint.uri is None:
         # Checkpoints are namespaced by tenant so no tenant is ever handed another's path.
         spec = spec.model_copy(deep=True)
@@ -132,6 +168,10 @@ def submit(
         name=spec.name,
         spec=spec.model_dump(mode="json"),
         priority=spec.priority,
+        gpus=demand.gpus,
+        cpu=demand.cpu,
+        memory_bytes=demand.memory_bytes,
+        processes=demand.processes,
         idempotency_key=idempotency_key,
         state=JobState.QUEUED,
         reason="Submitted",
@@ -146,6 +186,31 @@ def submit(
     session.add(JobEvent(job_seq=job.seq, time=now, state=JobState.QUEUED, reason="Submitted",
                          message="waiting for admission"))
     return job, True
+
+
+def _check_can_run(spec: JobSpec, *, tenant: Tenant) -> None:
+    why = never_fits(quota_of(tenant), Demand.of(spec))
+    if why:
+        raise CannotRun(f"resources: {why}")
+    per_rank = table_memory_bytes_per_rank(spec.trainer)
+    per_node = per_rank * (spec.resources.procs_per_node or 1)
+    if per_node > spec.resources.memory_bytes_per_node:
+        raise CannotRun(
+            f"resources.memory_per_node: the embedding tables and their optimizer state need about "
+            f"{per_rank / 2**30:.2f} GiB per rank, {per_node / 2**30:.2f} GiB for {spec.resources.procs_per_node} "
+            f"ranks per node, more than memory_per_node ({spec.resources.memory_per_node})"
+        )
+
+
+def demand_of(job: Job) -> Demand:
+    return Demand(gpus=job.gpus, cpu=job.cpu, memory_bytes=job.memory_bytes, jobs=1, processes=job.processes)
+
+
+def describe(demand: Demand) -> str:
+    parts = [f"{demand.processes} trainer processes", f"{demand.cpu:g} CPU", f"{demand.memory_bytes / 2**30:g} GiB"]
+    if demand.gpus:
+        parts.insert(0, f"{demand.gpus} GPUs")
+    return ", ".join(parts)
 
 
 def get_job(session: Session, *, tenant: Tenant, job_id: str, for_update: bool = False) -> Job:
@@ -170,32 +235,62 @@ def _decode_cursor(cursor: str) -> int:
 
 
 def list_jobs(
-    session: Session, *, tenant: Tenant, states: list[JobState] | None = None, limit: int = 50,
-    cursor: str | None = None,
+    session: Session, *, tenant: Tenant, capacity: Quota, states: list[JobState] | None = None, limit: int = 50,
+    cursor: str | None = None, name: str | None = None, now: datetime | None = None,
 ) -> JobList:
     """Newest first, `limit` at a time."""
     query = select(Job).where(Job.tenant_id == tenant.id).order_by(Job.seq.desc()).limit(limit + 1)
     if states:
         query = query.where(Job.state.in_([s.value for s in states]))
+    if name:
+        query = query.where(Job.name == name)
     if cursor:
         query = query.where(Job.seq < _decode_cursor(cursor))
     jobs = list(session.scalars(query))
     page, more = jobs[:limit], len(jobs) > limit
-    positions = _queue_positions(session, tenant_id=tenant.id)
+    forecast = queue_forecast(session, tenant=tenant, capacity=capacity, now=now) if any(
+        j.state == JobState.QUEUED for j in page) else {}
     return JobList(
-        items=[to_read(job, tenant_name=tenant.name, queue_position=positions.get(job.seq)) for job in page],
+        items=[to_read(job, tenant_name=tenant.name, queue=forecast.get(job.seq)) for job in page],
         next_cursor=_encode_cursor(page[-1].seq) if more else None,
     )
 
 
-def _queue_positions(session: Session, *, tenant_id: int) -> dict[int, int]:
-    """Position of each QUEUED job of a tenant in admission order (priority, then FIFO)."""
-    seqs = session.scalars(
-        select(Job.seq)
-        .where(Job.tenant_id == tenant_id, Job.state == JobState.QUEUED)
-        .order_by(Job.priority.desc(), Job.seq)
+def _expected_end(job: Job, now: datetime) -> datetime | None:
+    """Now plus the remaining steps at the pace the job has kept so far; None before it made progress."""
+    if job.started_at is None or job.step <= 0 or job.total_steps <= job.step:
+        return now if job.total_steps and job.step >= job.total_steps else None
+    elapsed = (now - job.started_at).total_seconds()
+    return now + timedelta(seconds=elapsed * (job.total_steps - job.step) / job.step)
+
+
+def _last_durations(session: Session, *, tenant: Tenant, names: set[str]) -> dict[str, timedelta]:
+    """How long the latest successful run of each job name took: the guess for its next run."""
+    rows = session.execute(
+        select(Job.name, Job.started_at, Job.finished_at)
+        .where(Job.tenant_id == tenant.id, Job.state == JobState.SUCCEEDED, Job.name.in_(names))
+        .order_by(Job.seq)
     )
-    return {seq: position for position, seq in enumerate(seqs, start=1)}
+    return {name: finished - started for name, started, finished in rows if started and finished}
+
+
+def queue_forecast(
+    session: Session, *, tenant: Tenant, capacity: Quota, now: datetime | None = None
+) -> dict[int, tuple[int, datetime | None]]:
+    """For each QUEUED job of the tenant: (position in admission order, estimated start or None)."""
+    now = now or utcnow()
+    queued = list(session.scalars(
+        select(Job).where(Job.tenant_id == tenant.id, Job.state == JobState.QUEUED)
+        .order_by(Job.priority.desc(), Job.seq)
+    ))
+    if not queued:
+        return {}
+    active = session.scalars(select(Job).where(Job.state.in_([s.value for s in ACTIVE_STATES])))
+    running = [RunningJob(demand_of(j), _expected_end(j, now), own=j.tenant_id == tenant.id) for j in active]
+    durations = _last_durations(session, tenant=tenant, names={j.name for j in queued})
+    starts = estimate_start_times(quota=quota_of(tenant), capacity=capacity, running=running,
+                                  queued=[(demand_of(j), durations.get(j.name)) for j in queued], now=now)
+    return {job.seq: (position, start) for position, (job, start) in enumerate(zip(queued, starts, strict=True), 1)}
 
 
 def list_events(session: Session, *, job: Job) -> list[JobEventRead]:
@@ -211,9 +306,11 @@ def list_metrics(session: Session, *, job: Job, event: str | None = None, limit:
 
 
 def to_read(
-    job: Job, *, tenant_name: str, queue_position: int | None = None, events: list[JobEventRead] | None = None
+    job: Job, *, tenant_name: str, queue: tuple[int, datetime | None] | None = None,
+    events: list[JobEventRead] | None = None,
 ) -> JobRead:
     total = job.total_steps
+    spec = JobSpec.model_validate(job.spec)
     return JobRead(
         id=job.id,
         name=job.name,
@@ -232,16 +329,19 @@ def to_read(
         result=job.result,
         checkpoint=job.checkpoint_uri,
         checkpoint_step=job.checkpoint_step,
-        queue_position=queue_position,
-        spec=JobSpec.model_validate(job.spec),
+        queue_position=queue[0] if queue else None,
+        estimated_start_at=queue[1] if queue else None,
+        estimates=JobEstimates(table_memory_bytes_per_rank=table_memory_bytes_per_rank(spec.trainer)),
+        spec=spec,
         events=events or [],
     )
 
 
-def read_job(session: Session, *, tenant: Tenant, job_id: str) -> JobRead:
+def read_job(session: Session, *, tenant: Tenant, job_id: str, capacity: Quota) -> JobRead:
     job = get_job(session, tenant=tenant, job_id=job_id)
-    position = _queue_positions(session, tenant_id=tenant.id).get(job.seq) if job.state == JobState.QUEUED else None
-    return to_read(job, tenant_name=tenant.name, queue_position=position, events=list_events(session, job=job))
+    queue = queue_forecast(session, tenant=tenant, capacity=capacity).get(job.seq) if (
+        job.state == JobState.QUEUED) else None
+    return to_read(job, tenant_name=tenant.name, queue=queue, events=list_events(session, job=job))
 
 
 def request_cancel(session: Session, *, tenant: Tenant, job_id: str, now: datetime | None = None) -> Job:
@@ -284,13 +384,3 @@ def apply_report(session: Session, *, job: Job, record: ReportRecord, now: datet
             job.checkpoint_uri, job.checkpoint_step = values["checkpoint"], record.step
     session.add(JobMetric(job_seq=job.seq, time=now or utcnow(), event=record.event, step=record.step,
                           values=values))
-
-
-def count_active_processes(session: Session) -> int:
-    """Trainer processes held by admitted jobs (the local backend's slot usage)."""
-    specs = session.scalars(select(Job.spec).where(Job.state.in_([s.value for s in ACTIVE_STATES])))
-    return sum(JobSpec.model_validate(spec).resources.num_processes for spec in specs)
-
-
-def count_jobs(session: Session, *, tenant: Tenant, state: JobState) -> int:
-    return session.scalar(select(func.count()).where(Job.tenant_id == tenant.id, Job.state == state)) or 0

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import String
+from sqlalchemy import BigInteger, Float, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from kembed_api.db import Base, UTCDateTime, utcnow
@@ -11,8 +11,17 @@ __all__ = ["Tenant"]
 
 
 class Tenant(Base):
+    """A team. Quota columns are limits; NULL means unlimited."""
+
     __tablename__ = "tenants"
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(48), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None, onupdate=utcnow)
+
+    quota_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    quota_cpu: Mapped[float | None] = mapped_column(Float, default=None)
+    quota_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    quota_max_running_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
+    quota_max_queued_jobs: Mapped[int | None] = mapped_column(Integer, default=None)

@@ -1,0 +1,122 @@
+"""Quota arithmetic and queue forecasts: pure functions, no I/O, cheap to test.
+
+Admission is all-or-nothing (a gang): a job is admitted only when everything it asks for fits in what its
+tenant has left, in every dimension at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass
+from datetime import datetime, timedelta
+
+from kembed_api.spec import JobSpec
+
+__all__ = ["Demand", "Quota", "RunningJob", "estimate_start_times", "never_fits", "shortfall"]
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What a job (or a set of jobs) holds while admitted."""
+
+    gpus: int = 0
+    cpu: float = 0.0
+    memory_bytes: int = 0
+    jobs: int = 0
+    processes: int = 0
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> Demand:
+        r = spec.resources
+        return cls(gpus=r.nodes * r.gpus_per_node, cpu=r.nodes * r.cpu_per_node,
+                   memory_bytes=r.nodes * r.memory_bytes_per_node, jobs=1, processes=r.num_processes)
+
+    def __add__(self, other: Demand) -> Demand:
+        return Demand(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    def __sub__(self, other: Demand) -> Demand:
+        return Demand(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Limits of a tenant (or, with `max_processes`, of a backend); None is unlimited."""
+
+    gpus: int | None = None
+    cpu: float | None = None
+    memory_bytes: int | None = None
+    max_running_jobs: int | None = None
+    max_processes: int | None = None
+
+    def limits(self) -> list[tuple[str, float | None, str]]:
+        return [("gpus", self.gpus, "GPUs"), ("cpu", self.cpu, "CPU cores"),
+                ("memory_bytes", self.memory_bytes, "bytes of memory"), ("jobs", self.max_running_jobs, "running jobs"),
+                ("processes", self.max_processes, "trainer processes")]
+
+
+_QUOTA_FIELD = {"gpus": "gpus", "cpu": "cpu", "memory_bytes": "memory_bytes", "jobs": "max_running_jobs",
+                "processes": "max_processes"}
+
+
+def shortfall(quota: Quota, *, used: Demand, demand: Demand) -> str | None:
+    """None if `demand` fits beside `used`; else which limit it would break, in words."""
+    for field, limit, unit in quota.limits():
+        if limit is not None and getattr(used, field) + getattr(demand, field) > limit + 1e-9:
+            return (f"quota.{_QUOTA_FIELD[field]}: needs {getattr(demand, field):g} {unit}, "
+                    f"{max(0, limit - getattr(used, field)):g} of {limit:g} free")
+    return None
+
+
+def never_fits(quota: Quota, demand: Demand) -> str | None:
+    """Why a job could not run even on an idle tenant (then it must be refused, not queued forever)."""
+    for field, limit, unit in quota.limits():
+        if field not in ("jobs", "processes") and limit is not None and getattr(demand, field) > limit + 1e-9:
+            return (f"the job needs {getattr(demand, field):g} {unit} but the tenant's quota "
+                    f"(quota.{_QUOTA_FIELD[field]}) is {limit:g}")
+    if quota.max_running_jobs == 0:
+        return "the tenant's quota allows no running jobs (quota.max_running_jobs is 0)"
+    return None
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    demand: Demand
+    ends_at: datetime | None  # None: cannot be estimated yet
+    own: bool = True  # the tenant's own job (counts against its quota), or another tenant's (only capacity)
+
+
+def estimate_start_times(
+    *,
+    quota: Quota,
+    capacity: Quota,
+    running: list[RunningJob],
+    queued: list[tuple[Demand, timedelta | None]],
+    now: datetime,
+) -> list[datetime | None]:
+    """When each of a tenant's queued jobs (in admission order) is expected to start, by replaying its queue.
+
+    Running jobs free their share when they are expected to end; a queued job starts when it fits both the
+    tenant's quota and the backend's capacity, and is then expected to run for its estimated duration. Where an
+    estimate depends on a duration nobody can know yet, that job and every job behind it get None: an honest
+    "unknown" beats a made-up time. Other tenants' queued jobs are not replayed (they may take capacity first).
+    """
+
+    def by_end(job: RunningJob) -> tuple[bool, datetime]:
+        return job.ends_at is None, job.ends_at or now
+
+    def fits(demand: Demand) -> bool:
+        own = sum((j.demand for j in holding if j.own), Demand())
+        everyone = sum((j.demand for j in holding), Demand())
+        return shortfall(quota, used=own, demand=demand) is None and shortfall(
+            capacity, used=everyone, demand=demand) is None
+
+    holding = sorted(running, key=by_end)
+    clock, starts = now, []
+    for demand, duration in queued:
+        while not fits(demand):
+            if not holding or holding[0].ends_at is None:
+                return starts + [None] * (len(queued) - len(starts))
+            clock = max(clock, holding.pop(0).ends_at)
+        starts.append(clock)
+        holding.append(RunningJob(demand, clock + duration if duration is not None else None))
+        holding.sort(key=by_end)
+    return starts

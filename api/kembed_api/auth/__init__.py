@@ -1,0 +1,1 @@
+"""API tokens and roles: who is calling, for which tenant, allowed to do what."""

@@ -1,0 +1,80 @@
+"""Tokens: create (the secret is returned once), authenticate, revoke, and the bootstrap admin token."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from kembed_api.auth.models import ApiToken
+from kembed_api.auth.roles import Role
+from kembed_api.db import utcnow
+from kembed_api.tenants.models import Tenant
+
+__all__ = ["TOKEN_PREFIX", "authenticate", "create_token", "ensure_bootstrap_token", "list_tokens", "revoke_token"]
+
+# A recognisable prefix lets secret scanners and people spot a leaked kembed token.
+TOKEN_PREFIX = "kmb_"
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_token(
+    session: Session, *, tenant: Tenant, name: str, role: Role, expires_at: datetime | None = None,
+    secret: str | None = None,
+) -> tuple[ApiToken, str]:
+    """A new token; the secret is in the return value and nowhere else."""
+    secret = secret or TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken(tenant_id=tenant.id, name=name, role=role.value, token_hash=_hash(secret),
+                     prefix=secret[: len(TOKEN_PREFIX) + 4], expires_at=expires_at)
+    session.add(token)
+    session.flush()
+    return token, secret
+
+
+def authenticate(session: Session, *, secret: str, now: datetime | None = None) -> tuple[ApiToken, Tenant] | None:
+    """The live token with this secret and its tenant; None if unknown, revoked or expired."""
+    row = session.execute(
+        select(ApiToken, Tenant).join(Tenant, Tenant.id == ApiToken.tenant_id).where(
+            ApiToken.token_hash == _hash(secret)
+        )
+    ).first()
+    if row is None:
+        return None
+    token, tenant = row
+    now = now or utcnow()
+    if token.revoked_at is not None or (token.expires_at is not None and token.expires_at <= now):
+        return None
+    return token, tenant
+
+
+def list_tokens(session: Session, *, tenant: Tenant) -> list[ApiToken]:
+    return list(session.scalars(select(ApiToken).where(ApiToken.tenant_id == tenant.id).order_by(ApiToken.id)))
+
+
+def revoke_token(session: Session, *, tenant: Tenant, token_id: int, now: datetime | None = None) -> ApiToken | None:
+    token = session.scalar(select(ApiToken).where(ApiToken.id == token_id, ApiToken.tenant_id == tenant.id))
+    if token is not None and token.revoked_at is None:
+        token.revoked_at = now or utcnow()
+    return token
+
+
+def ensure_bootstrap_token(session: Session, *, tenant: Tenant, secret: str | None) -> str | None:
+    """The first platform-admin token.
+
+    With `secret` (e.g. from a Kubernetes Secret) that exact token is made sure to exist. Without it, a token is
+    minted only when the database has none at all, and returned so the server can show it once.
+    """
+    if secret:
+        if session.scalar(select(ApiToken).where(ApiToken.token_hash == _hash(secret))) is None:
+            create_token(session, tenant=tenant, name="bootstrap-admin", role=Role.PLATFORM_ADMIN, secret=secret)
+        return None
+    if session.scalar(select(func.count()).select_from(ApiToken)):
+        return None
+    _, minted = create_token(session, tenant=tenant, name="bootstrap-admin", role=Role.PLATFORM_ADMIN)
+    return minted

@@ -1,0 +1,95 @@
+"""Prometheus metrics and JSON logs.
+
+Job counts, queue depth and quota use are read from the database when Prometheus scrapes, so every API
+replica reports the same truth; the admission-wait histogram is observed by the dispatcher that admits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from datetime import datetime
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+
+from kembed_api.db import Database
+from kembed_api.jobs.models import Job
+from kembed_api.spec import ACTIVE_STATES, JobState
+from kembed_api.tenants.models import Tenant
+
+__all__ = ["Metrics", "configure_json_logging"]
+
+_ACTIVE = [s.value for s in ACTIVE_STATES]
+
+
+class _DatabaseCollector(Collector):
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        jobs = GaugeMetricFamily("kembed_jobs", "Jobs by tenant and state.", labels=["tenant", "state"])
+        depth = GaugeMetricFamily("kembed_queue_depth", "Queued jobs per tenant.", labels=["tenant"])
+        used = GaugeMetricFamily("kembed_quota_used", "Resources held by admitted jobs.", labels=["tenant", "resource"])
+        limit = GaugeMetricFamily("kembed_quota_limit", "Quota per tenant (absent = unlimited).",
+                                  labels=["tenant", "resource"])
+        with self.db.session() as session:
+            tenants = {t.id: t for t in session.scalars(select(Tenant))}
+            counts = session.execute(select(Job.tenant_id, Job.state, func.count()).group_by(Job.tenant_id, Job.state))
+            for tenant_id, state, count in counts:
+                jobs.add_metric([tenants[tenant_id].name, state], count)
+                if state == JobState.QUEUED:
+                    depth.add_metric([tenants[tenant_id].name], count)
+            held = session.execute(
+                select(Job.tenant_id, func.sum(Job.gpus), func.sum(Job.cpu), func.sum(Job.memory_bytes), func.count())
+                .where(Job.state.in_(_ACTIVE)).group_by(Job.tenant_id)
+            )
+            for tenant_id, gpus, cpu, memory, running in held:
+                name = tenants[tenant_id].name
+                for resource, value in (("gpus", gpus), ("cpu", cpu), ("memory_bytes", memory),
+                                        ("running_jobs", running)):
+                    used.add_metric([name, resource], float(value or 0))
+            for tenant in tenants.values():
+                for resource, value in (("gpus", tenant.quota_gpus), ("cpu", tenant.quota_cpu),
+                                        ("memory_bytes", tenant.quota_memory_bytes),
+                                        ("running_jobs", tenant.quota_max_running_jobs)):
+                    if value is not None:
+                        limit.add_metric([tenant.name, resource], float(value))
+        yield from (jobs, depth, used, limit)
+
+
+class Metrics:
+    """The metrics of one API process (its own registry, so several apps in one test process don't clash)."""
+
+    def __init__(self, db: Database) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_DatabaseCollector(db))
+        self.admission_wait = Histogram(
+            "kembed_admission_wait_seconds", "Time from submission to admission.", ["tenant"],
+            buckets=(0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600), registry=self.registry,
+        )
+
+    def observe_admission(self, *, tenant: str, created_at: datetime, admitted_at: datetime) -> None:
+        self.admission_wait.labels(tenant=tenant).observe(max(0.0, (admitted_at - created_at).total_seconds()))
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
+                 "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure_json_logging(level: str = "INFO") -> None:
+    """One JSON object per line on stderr: what log collectors (Loki, CloudWatch, ...) parse without rules."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)

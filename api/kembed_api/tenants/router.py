@@ -1,0 +1,109 @@
+"""HTTP routes of /v1/tenants (platform admins; tenant admins for their own tokens) and /v1/usage."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Response, status
+
+from kembed_api.auth import service as auth_service
+from kembed_api.auth.models import ApiToken
+from kembed_api.auth.roles import Role
+from kembed_api.deps import Admin, DbSession, Principal, Reader, TokenManager, WriteSession
+from kembed_api.tenants import service
+from kembed_api.tenants.models import Tenant
+from kembed_api.tenants.schemas import (
+    TenantCreate,
+    TenantList,
+    TenantRead,
+    TenantUpdate,
+    TokenCreate,
+    TokenCreated,
+    TokenList,
+    TokenRead,
+    Usage,
+)
+
+router = APIRouter(tags=["tenants"])
+
+_NOT_FOUND = {404: {"description": "No such tenant (or not yours)."}}
+
+
+def _tenant_for(principal: Principal, session, name: str) -> Tenant:
+    """The named tenant, if the caller may see it: its own, or any for a platform admin. Else 404."""
+    if principal.role is not Role.PLATFORM_ADMIN and principal.tenant.name != name:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"tenant {name!r} not found")
+    try:
+        return service.get_tenant(session, name=name)
+    except service.TenantNotFound:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"tenant {name!r} not found") from None
+
+
+@router.post("/v1/tenants", response_model=TenantRead, status_code=status.HTTP_201_CREATED,
+             responses={409: {"description": "A tenant of that name exists."}}, summary="Create a tenant")
+def create_tenant(body: TenantCreate, session: WriteSession, _: Admin) -> TenantRead:
+    try:
+        tenant = service.create_tenant(session, name=body.name, quota=body.quota)
+    except service.TenantExists as error:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
+    return service.to_read(tenant)
+
+
+@router.get("/v1/tenants", response_model=TenantList, summary="List tenants")
+def list_tenants(session: DbSession, _: Admin) -> TenantList:
+    return TenantList(items=[service.to_read(t) for t in service.list_tenants(session)])
+
+
+@router.get("/v1/tenants/{name}", response_model=TenantRead, responses=_NOT_FOUND, summary="One tenant")
+def get_tenant(name: str, session: DbSession, principal: Reader) -> TenantRead:
+    return service.to_read(_tenant_for(principal, session, name))
+
+
+@router.patch("/v1/tenants/{name}", response_model=TenantRead, responses=_NOT_FOUND, summary="Set a tenant's quota")
+def update_tenant(name: str, body: TenantUpdate, session: WriteSession, principal: Admin) -> TenantRead:
+    tenant = _tenant_for(principal, session, name)
+    service.set_quota(tenant, body.quota)
+    return service.to_read(tenant)
+
+
+@router.get("/v1/tenants/{name}/usage", response_model=Usage, responses=_NOT_FOUND,
+            summary="A tenant's quota against its use")
+def tenant_usage(name: str, session: DbSession, principal: Reader) -> Usage:
+    return service.usage(session, tenant=_tenant_for(principal, session, name))
+
+
+@router.get("/v1/usage", response_model=Usage, summary="The caller's tenant: quota, use, queue, GPU-hours")
+def my_usage(session: DbSession, principal: Reader) -> Usage:
+    return service.usage(session, tenant=principal.tenant)
+
+
+# ----------------------------------------------------------------------------------------------- tokens
+def _token_read(token: ApiToken) -> TokenRead:
+    return TokenRead(id=token.id, name=token.name, role=Role(token.role), prefix=token.prefix,
+                     created_at=token.created_at, expires_at=token.expires_at, revoked_at=token.revoked_at)
+
+
+@router.post("/v1/tenants/{name}/tokens", response_model=TokenCreated, status_code=status.HTTP_201_CREATED,
+             responses={**_NOT_FOUND, 403: {"description": "Only platform admins mint platform-admin tokens."}},
+             summary="Create a token (its secret is shown once)")
+def create_token(name: str, body: TokenCreate, session: WriteSession, principal: TokenManager) -> TokenCreated:
+    tenant = _tenant_for(principal, session, name)
+    if body.role is Role.PLATFORM_ADMIN and principal.role is not Role.PLATFORM_ADMIN:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "only a platform-admin may create platform-admin tokens")
+    token, secret = auth_service.create_token(session, tenant=tenant, name=body.name, role=body.role,
+                                              expires_at=body.expires_at)
+    return TokenCreated(**_token_read(token).model_dump(), token=secret)
+
+
+@router.get("/v1/tenants/{name}/tokens", response_model=TokenList, responses=_NOT_FOUND,
+            summary="List a tenant's tokens (never their secrets)")
+def list_tokens(name: str, session: DbSession, principal: TokenManager) -> TokenList:
+    tenant = _tenant_for(principal, session, name)
+    return TokenList(items=[_token_read(t) for t in auth_service.list_tokens(session, tenant=tenant)])
+
+
+@router.delete("/v1/tenants/{name}/tokens/{token_id}", status_code=status.HTTP_204_NO_CONTENT,
+               responses=_NOT_FOUND, summary="Revoke a token")
+def revoke_token(name: str, token_id: int, session: WriteSession, principal: TokenManager) -> Response:
+    tenant = _tenant_for(principal, session, name)
+    if auth_service.revoke_token(session, tenant=tenant, token_id=token_id) is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"token {token_id} not found")
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,118 @@
+"""What the tenants, tokens and usage API accepts and returns."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from kembed_api.auth.roles import Role
+from kembed_api.spec import parse_quantity
+
+__all__ = [
+    "QuotaSpec", "TenantCreate", "TenantList", "TenantRead", "TenantUpdate", "TokenCreate", "TokenCreated",
+    "TokenList", "TokenRead", "Usage", "UsageAmounts",
+]
+
+_TENANT_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+class QuotaSpec(BaseModel):
+    """Limits of a tenant. Omitted or null means unlimited."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"gpus": 16, "cpu": 64, "memory": "256Gi", "max_running_jobs": 4, "max_queued_jobs": 100}]})
+
+    gpus: Annotated[int, Field(ge=0)] | None = Field(None, description="GPUs all running jobs may hold together.")
+    cpu: Annotated[float, Field(ge=0)] | None = Field(None, description="CPU cores all running jobs may hold.")
+    memory: str | None = Field(None, description="Memory all running jobs may hold (a quantity, e.g. 256Gi).")
+    max_running_jobs: Annotated[int, Field(ge=0)] | None = None
+    max_queued_jobs: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="Jobs waiting at once; a submission beyond it is refused with 429."
+    )
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_is_quantity(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_quantity(value)
+        return value
+
+
+class TenantCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(min_length=1, max_length=40, pattern=_TENANT_NAME)] = Field(
+        description="DNS label; the tenant's namespace on Kubernetes is kembed-<name>."
+    )
+    quota: QuotaSpec = Field(default_factory=QuotaSpec)
+
+
+class TenantUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    quota: QuotaSpec = Field(description="Replaces the tenant's quota; already admitted jobs keep running.")
+
+
+class TenantRead(BaseModel):
+    name: str
+    quota: QuotaSpec
+    created_at: datetime
+
+
+class TenantList(BaseModel):
+    items: list[TenantRead]
+    next_cursor: str | None = None
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(min_length=1, max_length=64)] = Field(description="What the token is for.")
+    role: Role = Field(Role.MEMBER, description="viewer reads; member submits and cancels; tenant-admin also "
+                                                "manages tokens; platform-admin also manages tenants.")
+    expires_at: datetime | None = Field(None, description="When the token stops working; null = never.")
+
+    @field_validator("expires_at")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("must include a time zone, e.g. 2027-01-01T00:00:00Z")
+        return value
+
+
+class TokenRead(BaseModel):
+    id: int
+    name: str
+    role: Role
+    prefix: str = Field(description="The first characters of the secret, to tell tokens apart.")
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class TokenCreated(TokenRead):
+    token: str = Field(description="The secret. Shown this once; only its hash is stored.")
+
+
+class TokenList(BaseModel):
+    items: list[TokenRead]
+    next_cursor: str | None = None
+
+
+class UsageAmounts(BaseModel):
+    gpus: float
+    cpu: float
+    memory_bytes: int
+    running_jobs: int
+
+
+class Usage(BaseModel):
+    """A tenant's quota against what it uses now: what the dashboard draws."""
+
+    tenant: str
+    quota: QuotaSpec
+    used: UsageAmounts
+    queued_jobs: int
+    gpu_hours_7d: float = Field(description="GPU-hours held by the tenant's jobs over the last 7 days.")
