@@ -1,13 +1,14 @@
 """Starts and stops a real Kubernetes control plane as local processes, for tests and by hand.
 
-    .venv/bin/python -m tests.cluster.controlplane up      # prints the run dir; state.json + admin.kubeconfig there
+    .venv/bin/python -m tests.cluster.controlplane up    # prints the run dir (state.json, admin.kubeconfig)
     eval "$(.venv/bin/python -m tests.cluster.controlplane env)"   # KUBECONFIG and PATH for kubectl/helm
     .venv/bin/python -m tests.cluster.controlplane down
 
-Parts: etcd, kube-apiserver (TLS, client certs, Node+RBAC), kube-controller-manager, kube-scheduler, kwok (fake GPU
-nodes) and the test kubelet (tests/cluster/kubelet.py, node `local`). Everything listens on 127.0.0.1 on free ports,
-so two clusters (two test runs, or a test run beside a hand-started one) never collide. Each process leads its own
-process group, recorded in state.json, so `down` — or the next `up` after a crash — can end it and all it spawned.
+Parts: etcd, kube-apiserver (TLS, client certs, Node+RBAC), kube-controller-manager, kube-scheduler, kwok
+(fake GPU nodes) and the test kubelet (tests/cluster/kubelet.py, node `local`). Everything listens on
+127.0.0.1 on free ports, so two clusters (two test runs, or a test run beside a hand-started one) never
+collide. Each process leads its own process group, recorded in state.json, so `down` — or the next `up` after
+a crash — can end it and all it spawned.
 """
 
 from __future__ import annotations
@@ -193,7 +194,9 @@ def _kubeconfig(server: str, ca: pathlib.Path, cert: pathlib.Path, key: pathlib.
         {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "kembed-test", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+            "clusters": [
+                {"name": "kembed-test", "cluster": {"server": server, "certificate-authority": str(ca)}}
+            ],
             "users": [{"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
             "contexts": [{"name": "kembed-test", "context": {"cluster": "kembed-test", "user": user}}],
             "current-context": "kembed-test",
@@ -205,7 +208,9 @@ def _kubeconfig(server: str, ca: pathlib.Path, cert: pathlib.Path, key: pathlib.
 class ControlPlane:
     """One cluster's processes and files under `run_dir`. Build it with `start()`, end it with `stop()`."""
 
-    def __init__(self, run_dir: pathlib.Path, config: ClusterConfig | None = None, *, owner_pid: int | None = None):
+    def __init__(
+        self, run_dir: pathlib.Path, config: ClusterConfig | None = None, *, owner_pid: int | None = None
+    ):
         self.run_dir = run_dir
         self.config = config or ClusterConfig()
         # A cluster with an owner (a pytest process) is stale once that process is gone; one without an owner
@@ -215,7 +220,7 @@ class ControlPlane:
         self.ports: dict[str, int] = {}
         self.pgids: dict[str, int] = {}
 
-    # ---- paths -------------------------------------------------------------------------------------------------
+    # ---- paths ------------------------------------------------------------------------------------
     @property
     def state_file(self) -> pathlib.Path:
         return self.run_dir / "state.json"
@@ -240,18 +245,27 @@ class ControlPlane:
     def log_file(self, component: str) -> pathlib.Path:
         return self.run_dir / "logs" / f"{component}.log"
 
-    # ---- start -------------------------------------------------------------------------------------------------
+    # ---- start ------------------------------------------------------------------------------------
     def start(self, *, timeout_s: float = 60.0) -> ControlPlane:
         stop_run_dir(self.run_dir)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         (self.run_dir / "logs").mkdir(parents=True)
         self.ports = {
             name: free_port()
-            for name in ("etcd", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kwok", "kubelet")
+            for name in (
+                "etcd",
+                "etcd_peer",
+                "apiserver",
+                "controller_manager",
+                "scheduler",
+                "kwok",
+                "kubelet",
+            )
         }
         try:
             self._write_pki_and_kubeconfigs()
             self._start_etcd()
+            self._wait_etcd(timeout_s)
             self._start_apiserver()
             self._wait_ready(timeout_s)
             self._start_controller_manager()
@@ -260,6 +274,7 @@ class ControlPlane:
             self._start_kwok()
             self._start_kubelet()
             self._wait_nodes_ready(timeout_s)
+            self._wait_default_service_account(timeout_s)
         except BaseException:
             self.stop(remove=False)
             raise
@@ -274,13 +289,18 @@ class ControlPlane:
             "kwok": ("kembed-kwok", "system:masters"),
             "kubelet": (f"system:node:{LOCAL_NODE_NAME}", "system:nodes"),
             "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", "system:masters"),
+            "front-proxy-client": ("front-proxy-client", None),
         }
         pki = pki_mod.make_pki(
             self.pki.directory,
             servers={
                 "apiserver": [
-                    "IP:127.0.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default",
-                    "DNS:kubernetes.default.svc", f"DNS:kubernetes.default.svc.{SERVICE_DNS_DOMAIN}",
+                    "IP:127.0.0.1",
+                    "DNS:localhost",
+                    "DNS:kubernetes",
+                    "DNS:kubernetes.default",
+                    "DNS:kubernetes.default.svc",
+                    f"DNS:kubernetes.default.svc.{SERVICE_DNS_DOMAIN}",
                 ],
                 # The API server reaches the kubelet at the node's InternalIP (127.0.0.1) for logs and exec.
                 "kubelet-serving": ["IP:127.0.0.1", "DNS:localhost", f"DNS:{LOCAL_NODE_NAME}"],
@@ -288,7 +308,7 @@ class ControlPlane:
             clients=[pki_mod.ClientIdentity(name, user, group) for name, (user, group) in identities.items()],
         )
         for name, (user, _) in identities.items():
-            if name == "apiserver-kubelet-client":
+            if name in ("apiserver-kubelet-client", "front-proxy-client"):
                 continue
             path = self.kubeconfig if name == "admin" else self.run_dir / f"{name}.kubeconfig"
             path.write_text(_kubeconfig(self.server, pki.ca_cert, pki.cert(name), pki.key(name), user))
@@ -297,8 +317,13 @@ class ControlPlane:
     def _spawn(self, component: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         with open(self.log_file(component), "ab") as log:
             process = subprocess.Popen(
-                [str(arg) for arg in argv], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=self.run_dir, env=env,
+                [str(arg) for arg in argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.run_dir,
+                env=env,
             )
         self.pgids[component] = process.pid
         self._save_state()
@@ -309,8 +334,11 @@ class ControlPlane:
             "kubeconfig": str(self.kubeconfig),
             "ports": self.ports,
             "pgids": self.pgids,
-            "owner": None if self.owner_pid is None else {
-                "pid": self.owner_pid, "start_time": _process_start_time(self.owner_pid),
+            "owner": None
+            if self.owner_pid is None
+            else {
+                "pid": self.owner_pid,
+                "start_time": _process_start_time(self.owner_pid),
             },
             "binaries": {k: str(v) for k, v in dataclasses.asdict(self.binaries).items()},
         }
@@ -321,108 +349,177 @@ class ControlPlane:
     def _start_etcd(self) -> None:
         peer = f"http://127.0.0.1:{self.ports['etcd_peer']}"
         client = f"http://127.0.0.1:{self.ports['etcd']}"
-        self._spawn("etcd", [
-            self.binaries.etcd, "--name=kembed", f"--data-dir={self.run_dir / 'etcd'}",
-            f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
-            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=kembed={peer}", "--initial-cluster-state=new",
-            # Test data is thrown away: skipping fsync makes etcd as fast as tmpfs on a busy disk.
-            "--unsafe-no-fsync", "--log-level=warn",
-        ])
+        self._spawn(
+            "etcd",
+            [
+                self.binaries.etcd,
+                "--name=kembed",
+                f"--data-dir={self.run_dir / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=kembed={peer}",
+                "--initial-cluster-state=new",
+                # Test data is thrown away: skipping fsync makes etcd as fast as tmpfs on a busy disk.
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
 
     def _start_apiserver(self) -> None:
         pki = self.pki
-        self._spawn("kube-apiserver", [
-            self.binaries.kube_apiserver,
-            f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.ports['apiserver']}",
-            f"--tls-cert-file={pki.cert('apiserver')}", f"--tls-private-key-file={pki.key('apiserver')}",
-            f"--client-ca-file={pki.ca_cert}",
-            "--authorization-mode=Node,RBAC",
-            # The defaults (ResourceQuota, LimitRanger, ServiceAccount, ...) stay on; these two come on top:
-            # NodeRestriction as on every real cluster, and ExtendedResourceToleration so that a pod requesting
-            # nvidia.com/gpu tolerates the GPU nodes' taint, as GPU node pools do.
-            "--enable-admission-plugins=NodeRestriction,ExtendedResourceToleration",
-            f"--service-account-issuer=https://kubernetes.default.svc.{SERVICE_DNS_DOMAIN}",
-            f"--service-account-key-file={pki.service_account_pub}",
-            f"--service-account-signing-key-file={pki.service_account_key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            # With an advertise address of 127.0.0.1 the `kubernetes` Endpoints would be invalid (loopback).
-            "--endpoint-reconciler-type=none",
-            "--allow-privileged=true",
-            f"--kubelet-client-certificate={pki.cert('apiserver-kubelet-client')}",
-            f"--kubelet-client-key={pki.key('apiserver-kubelet-client')}",
-            f"--kubelet-certificate-authority={pki.ca_cert}",
-            "--kubelet-preferred-address-types=InternalIP",
-            "--profiling=false",
-        ])
+        self._spawn(
+            "kube-apiserver",
+            [
+                self.binaries.kube_apiserver,
+                f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.ports['apiserver']}",
+                f"--tls-cert-file={pki.cert('apiserver')}",
+                f"--tls-private-key-file={pki.key('apiserver')}",
+                f"--client-ca-file={pki.ca_cert}",
+                # The aggregation layer's front-proxy settings; without them every component that reads
+                # extension-apiserver-authentication logs "missing content for CA bundle" forever.
+                f"--requestheader-client-ca-file={pki.ca_cert}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki.cert('front-proxy-client')}",
+                f"--proxy-client-key-file={pki.key('front-proxy-client')}",
+                "--authorization-mode=Node,RBAC",
+                # The defaults (ResourceQuota, LimitRanger, ServiceAccount, ...) stay on; these two come on
+                # top: NodeRestriction as on every real cluster, and ExtendedResourceToleration so that a pod
+                # requesting
+                # nvidia.com/gpu tolerates the GPU nodes' taint, as GPU node pools do.
+                "--enable-admission-plugins=NodeRestriction,ExtendedResourceToleration",
+                f"--service-account-issuer=https://kubernetes.default.svc.{SERVICE_DNS_DOMAIN}",
+                f"--service-account-key-file={pki.service_account_pub}",
+                f"--service-account-signing-key-file={pki.service_account_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                # With an advertise address of 127.0.0.1 the `kubernetes` Endpoints would be invalid.
+                "--endpoint-reconciler-type=none",
+                "--allow-privileged=true",
+                f"--kubelet-client-certificate={pki.cert('apiserver-kubelet-client')}",
+                f"--kubelet-client-key={pki.key('apiserver-kubelet-client')}",
+                f"--kubelet-certificate-authority={pki.ca_cert}",
+                "--kubelet-preferred-address-types=InternalIP",
+                "--profiling=false",
+            ],
+        )
 
     def _component_auth_flags(self, name: str) -> list[str]:
         kubeconfig = self.run_dir / f"{name}.kubeconfig"
         return [
-            f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1", "--leader-elect=false",
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
         ]
 
     def _start_controller_manager(self) -> None:
         pki = self.pki
-        self._spawn("kube-controller-manager", [
-            self.binaries.kube_controller_manager, *self._component_auth_flags("controller-manager"),
-            f"--secure-port={self.ports['controller_manager']}",
-            "--controllers=*",
-            # Each controller acts as its own service account, as on kubeadm clusters, so RBAC is exercised.
-            "--use-service-account-credentials=true",
-            f"--root-ca-file={pki.ca_cert}", f"--service-account-private-key-file={pki.service_account_key}",
-            f"--cluster-signing-cert-file={pki.ca_cert}", f"--cluster-signing-key-file={pki.ca_key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}", "--allocate-node-cidrs=false",
-            "--profiling=false",
-        ])
+        self._spawn(
+            "kube-controller-manager",
+            [
+                self.binaries.kube_controller_manager,
+                *self._component_auth_flags("controller-manager"),
+                f"--secure-port={self.ports['controller_manager']}",
+                "--controllers=*",
+                # Each controller acts as its own service account, as on kubeadm clusters: RBAC is exercised.
+                "--use-service-account-credentials=true",
+                f"--root-ca-file={pki.ca_cert}",
+                f"--service-account-private-key-file={pki.service_account_key}",
+                f"--cluster-signing-cert-file={pki.ca_cert}",
+                f"--cluster-signing-key-file={pki.ca_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--allocate-node-cidrs=false",
+                "--profiling=false",
+            ],
+        )
 
     def _start_scheduler(self) -> None:
-        self._spawn("kube-scheduler", [
-            self.binaries.kube_scheduler, *self._component_auth_flags("scheduler"),
-            f"--secure-port={self.ports['scheduler']}", "--profiling=false",
-        ])
+        self._spawn(
+            "kube-scheduler",
+            [
+                self.binaries.kube_scheduler,
+                *self._component_auth_flags("scheduler"),
+                f"--secure-port={self.ports['scheduler']}",
+                "--profiling=false",
+            ],
+        )
 
     def _start_kwok(self) -> None:
-        self._spawn("kwok", [
-            self.binaries.kwok, f"--kubeconfig={self.run_dir / 'kwok.kubeconfig'}",
-            f"--config={HERE / 'kwok-stages.yaml'}",
-            "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
-            f"--cidr={FAKE_POD_CIDR}", "--node-ip=127.0.0.1", f"--node-port={self.ports['kwok']}",
-            f"--server-address=127.0.0.1:{self.ports['kwok']}", "--node-lease-duration-seconds=40",
-        ])
+        self._spawn(
+            "kwok",
+            [
+                self.binaries.kwok,
+                f"--kubeconfig={self.run_dir / 'kwok.kubeconfig'}",
+                f"--config={HERE / 'kwok-stages.yaml'}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+                f"--cidr={FAKE_POD_CIDR}",
+                "--node-ip=127.0.0.1",
+                f"--node-port={self.ports['kwok']}",
+                f"--server-address=127.0.0.1:{self.ports['kwok']}",
+                "--node-lease-duration-seconds=40",
+            ],
+        )
 
     def _start_kubelet(self) -> None:
         pki = self.pki
         cfg = self.config
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parents[1]), os.environ.get("PYTHONPATH")])))
-        self._spawn("kubelet", [
-            sys.executable, "-m", "tests.cluster.kubelet",
-            f"--kubeconfig={self.run_dir / 'kubelet.kubeconfig'}", f"--node-name={LOCAL_NODE_NAME}",
-            f"--port={self.ports['kubelet']}", f"--state-dir={self.kubelet_dir}",
-            f"--serving-cert={pki.cert('kubelet-serving')}", f"--serving-key={pki.key('kubelet-serving')}",
-            f"--client-ca={pki.ca_cert}",
-            f"--label={LOCAL_NODE_LABEL}=true", f"--taint={LOCAL_NODE_TAINT_KEY}=true:NoSchedule",
-            f"--capacity=cpu={cfg.local_node_cpu}", f"--capacity=memory={cfg.local_node_memory}",
-            f"--capacity={GPU_RESOURCE}={cfg.local_node_gpus}", "--capacity=pods=110",
-        ], env=env)
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parents[1]), os.environ.get("PYTHONPATH")])),
+        )
+        self._spawn(
+            "kubelet",
+            [
+                sys.executable,
+                "-m",
+                "tests.cluster.kubelet",
+                f"--kubeconfig={self.run_dir / 'kubelet.kubeconfig'}",
+                f"--node-name={LOCAL_NODE_NAME}",
+                f"--port={self.ports['kubelet']}",
+                f"--state-dir={self.kubelet_dir}",
+                f"--serving-cert={pki.cert('kubelet-serving')}",
+                f"--serving-key={pki.key('kubelet-serving')}",
+                f"--client-ca={pki.ca_cert}",
+                f"--label={LOCAL_NODE_LABEL}=true",
+                f"--taint={LOCAL_NODE_TAINT_KEY}=true:NoSchedule",
+                f"--capacity=cpu={cfg.local_node_cpu}",
+                f"--capacity=memory={cfg.local_node_memory}",
+                f"--capacity={GPU_RESOURCE}={cfg.local_node_gpus}",
+                "--capacity=pods=110",
+            ],
+            env=env,
+        )
 
     def _create_gpu_nodes(self) -> None:
         capacity = {
-            "cpu": self.config.gpu_node_cpu, "memory": self.config.gpu_node_memory, "pods": "110",
+            "cpu": self.config.gpu_node_cpu,
+            "memory": self.config.gpu_node_memory,
+            "pods": "110",
             GPU_RESOURCE: str(self.config.gpus_per_node),
         }
         for index in range(self.config.num_gpu_nodes):
             name = f"gpu-node-{index}"
             node = {
-                "apiVersion": "v1", "kind": "Node",
+                "apiVersion": "v1",
+                "kind": "Node",
                 "metadata": {
                     "name": name,
                     "annotations": {KWOK_NODE_ANNOTATION: "fake"},
                     "labels": {
-                        GPU_NODE_LABEL: "true", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                        "kubernetes.io/arch": "amd64", "type": "kwok",
+                        GPU_NODE_LABEL: "true",
+                        "kubernetes.io/hostname": name,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        "type": "kwok",
                     },
                 },
                 "spec": {"taints": [{"key": GPU_TAINT_KEY, "value": "present", "effect": "NoSchedule"}]},
@@ -430,13 +527,15 @@ class ControlPlane:
             }
             self._api("POST", "/api/v1/nodes", node)
 
-    # ---- talking to the API server without the Python client, so `up` needs only the standard library -------
+    # ---- talking to the API server without the Python client, so `up` needs only the standard library ---
     def _ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
         context.load_cert_chain(str(self.pki.cert("admin")), str(self.pki.key("admin")))
         return context
 
-    def _api(self, method: str, path: str, body: dict | None = None, *, timeout_s: float = 10.0) -> tuple[int, dict | str]:
+    def _api(
+        self, method: str, path: str, body: dict | None = None, *, timeout_s: float = 10.0
+    ) -> tuple[int, dict | str]:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.server + path, data=data, method=method)
         request.add_header("Content-Type", "application/json")
@@ -451,6 +550,30 @@ class ControlPlane:
             return status, json.loads(text)
         except ValueError:
             return status, text
+
+    def _wait_etcd(self, timeout_s: float) -> None:
+        """The API server retries etcd by itself; starting it against a live etcd is faster and quieter."""
+        deadline = time.monotonic() + timeout_s
+        url = f"http://127.0.0.1:{self.ports['etcd']}/health"
+        while time.monotonic() < deadline:
+            self._check_alive()
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
+                if json.loads(response.read()).get("health") == "true":
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"etcd not healthy after {timeout_s}s")
+
+    def _wait_default_service_account(self, timeout_s: float) -> None:
+        """Pods are refused until their namespace's `default` ServiceAccount exists (controller-manager)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._check_alive()
+            if self._api("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(
+            f"no default ServiceAccount after {timeout_s}s: is kube-controller-manager working?"
+        )
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -477,7 +600,10 @@ class ControlPlane:
             ready = {
                 node["metadata"]["name"]
                 for node in body.get("items", [])
-                if any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
+                if any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in node.get("status", {}).get("conditions", [])
+                )
             }
             if expected <= ready:
                 return
@@ -491,7 +617,7 @@ class ControlPlane:
                 tail = self.log_file(component).read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"{component} exited during start-up; end of its log:\n{tail}")
 
-    # ---- stop --------------------------------------------------------------------------------------------------
+    # ---- stop -------------------------------------------------------------------------------------
     def stop(self, *, remove: bool = False) -> None:
         stop_run_dir(self.run_dir)
         if remove:
@@ -500,7 +626,13 @@ class ControlPlane:
     def env(self) -> dict[str, str]:
         return {
             "KUBECONFIG": str(self.kubeconfig),
-            "PATH": os.pathsep.join([str(self.binaries.kubectl.parent), str(self.binaries.helm.parent), os.environ.get("PATH", "")]),
+            "PATH": os.pathsep.join(
+                [
+                    str(self.binaries.kubectl.parent),
+                    str(self.binaries.helm.parent),
+                    os.environ.get("PATH", ""),
+                ]
+            ),
         }
 
 
@@ -514,17 +646,18 @@ def _pod_pgids(run_dir: pathlib.Path) -> list[int]:
 
 
 def _belongs_to(pid: int, run_dir: pathlib.Path) -> bool:
-    """True when the process still is one of this run's (its command line names the run dir), not a reused pid."""
+    """True when the process is still one of this run's (its command line or working directory is in the
+    run dir) rather than an unrelated process that was given the same pid later."""
     try:
         cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
-        environ_cwd = os.readlink(f"/proc/{pid}/cwd")
+        cwd = os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         return False
-    return str(run_dir).encode() in cmdline or environ_cwd.startswith(str(run_dir))
+    return str(run_dir).encode() in cmdline or cwd.startswith(str(run_dir))
 
 
 def stop_run_dir(run_dir: pathlib.Path) -> None:
-    """Ends every process of the cluster in `run_dir`: the kubelet first (it stops its pods), then the rest."""
+    """Ends every process of the cluster in `run_dir`: the kubelet first (it ends its pods), then the rest."""
     state_file = run_dir / "state.json"
     if not state_file.exists():
         return
@@ -538,15 +671,16 @@ def stop_run_dir(run_dir: pathlib.Path) -> None:
         else:
             _reap(pgid)
     for pgid in _pod_pgids(run_dir):
-        # A pod's processes may have changed their command lines; its group id is recorded only while it runs.
-        if _group_members(pgid):
+        # Left over only when the kubelet died without ending its pods. A pod's process runs in its pod dir
+        # (or one of its volumes), which tells it from an unrelated process that got the same id later.
+        if any(_belongs_to(pid, run_dir) for pid in _group_members(pgid)):
             end_process_group(pgid, grace_s=2.0)
     state["pgids"] = {}
     state_file.write_text(json.dumps(state, indent=2))
 
 
 def cleanup_stale_runs(root: pathlib.Path | None = None) -> list[pathlib.Path]:
-    """Ends clusters whose owning process has died (a crashed or killed test run) and removes their run dirs."""
+    """Ends clusters whose owning process has died (a crashed or killed test run); removes their run dirs."""
     root = root or runs_root()
     cleaned = []
     for state_file in root.glob("*/state.json"):
@@ -561,9 +695,13 @@ def cleanup_stale_runs(root: pathlib.Path | None = None) -> list[pathlib.Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.cluster.controlplane", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.cluster.controlplane", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("command", choices=["up", "down", "env"])
-    parser.add_argument("--run-dir", type=pathlib.Path, default=None, help="default: $KEMBED_CLUSTER_RUNS/manual")
+    parser.add_argument(
+        "--run-dir", type=pathlib.Path, default=None, help="default: $KEMBED_CLUSTER_RUNS/manual"
+    )
     parser.add_argument("--gpu-nodes", type=int, default=ClusterConfig.num_gpu_nodes)
     parser.add_argument("--gpus-per-node", type=int, default=ClusterConfig.gpus_per_node)
     args = parser.parse_args(argv)
@@ -571,10 +709,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "up":
         cleanup_stale_runs()
         started = time.monotonic()
-        plane = ControlPlane(run_dir, ClusterConfig(num_gpu_nodes=args.gpu_nodes, gpus_per_node=args.gpus_per_node))
+        plane = ControlPlane(
+            run_dir, ClusterConfig(num_gpu_nodes=args.gpu_nodes, gpus_per_node=args.gpus_per_node)
+        )
         plane.start()
-        print(f"cluster up in {time.monotonic() - started:.1f}s at {plane.server}; run dir {run_dir}", file=sys.stderr)
-        print(f"eval \"$({sys.executable} -m tests.cluster.controlplane env --run-dir {run_dir})\"", file=sys.stderr)
+        print(
+            f"cluster up in {time.monotonic() - started:.1f}s at {plane.server}; run dir {run_dir}",
+            file=sys.stderr,
+        )
+        print(
+            f'eval "$({sys.executable} -m tests.cluster.controlplane env --run-dir {run_dir})"',
+            file=sys.stderr,
+        )
         print(run_dir)
     elif args.command == "down":
         stop_run_dir(run_dir)

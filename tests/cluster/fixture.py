@@ -6,7 +6,8 @@
         core.create_namespaced_pod(namespace, cluster.local_pod("hello", ["python", "-c", "print('hi')"]))
 
 `cluster` (session): one control plane for the whole test run, started on first use and ended at teardown.
-`namespace` (function): a fresh namespace, ready for pods (its default ServiceAccount exists), deleted afterwards.
+`namespace` (function): a fresh namespace, ready for pods (its default ServiceAccount exists), deleted
+afterwards.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from tests.cluster import controlplane
 __all__ = ["Cluster", "cluster", "namespace"]
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout_s: float = 30.0, interval_s: float = 0.2, what: str = "") -> Any:
+def wait_for(
+    predicate: Callable[[], Any], *, timeout_s: float = 30.0, interval_s: float = 0.2, what: str = ""
+) -> Any:
     """Polls until `predicate()` returns something truthy, which is returned; TimeoutError names `what`."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -96,20 +99,42 @@ class Cluster:
         return self._client
 
     def kubectl(self, *args: str, check: bool = True, timeout_s: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.kubectl_path), *args], env=self.env, capture_output=True, text=True,
-                              check=check, timeout=timeout_s)
+        return subprocess.run(
+            [str(self.kubectl_path), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout_s,
+        )
 
     def helm(self, *args: str, check: bool = True, timeout_s: float = 120) -> subprocess.CompletedProcess:
         # helm keeps its caches and config under the run dir, never in the user's home.
         helm_home = self.run_dir / "helm"
-        env = {**self.env, "HELM_CACHE_HOME": str(helm_home / "cache"), "HELM_CONFIG_HOME": str(helm_home / "config"),
-               "HELM_DATA_HOME": str(helm_home / "data")}
-        return subprocess.run([str(self.helm_path), *args], env=env, capture_output=True, text=True, check=check,
-                              timeout=timeout_s)
+        env = {
+            **self.env,
+            "HELM_CACHE_HOME": str(helm_home / "cache"),
+            "HELM_CONFIG_HOME": str(helm_home / "config"),
+            "HELM_DATA_HOME": str(helm_home / "data"),
+        }
+        return subprocess.run(
+            [str(self.helm_path), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout_s,
+        )
 
     # -- namespaces and quotas --
-    def create_namespace(self, name: str | None = None, *, quota: dict[str, str] | None = None,
-                         labels: dict[str, str] | None = None, timeout_s: float = 30.0) -> str:
+    def create_namespace(
+        self,
+        name: str | None = None,
+        *,
+        quota: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+        timeout_s: float = 30.0,
+    ) -> str:
         """Creates a namespace and waits until pods can be created in it.
 
         It waits for the `default` ServiceAccount (the ServiceAccount admission plugin refuses pods until it
@@ -120,18 +145,25 @@ class Cluster:
         name = name or f"test-{uuid.uuid4().hex[:8]}"
         core = self.core()
         core.create_namespace({"metadata": {"name": name, "labels": labels or {}}})
-        wait_for(lambda: _exists(lambda: core.read_namespaced_service_account("default", name)),
-                 timeout_s=timeout_s, what=f"default ServiceAccount in {name}")
+        wait_for(
+            lambda: _exists(lambda: core.read_namespaced_service_account("default", name)),
+            timeout_s=timeout_s,
+            what=f"default ServiceAccount in {name}",
+        )
         if quota:
             self.create_quota(name, quota, timeout_s=timeout_s)
         return name
 
-    def create_quota(self, namespace: str, hard: dict[str, str], *, name: str = "quota",
-                     timeout_s: float = 30.0) -> None:
+    def create_quota(
+        self, namespace: str, hard: dict[str, str], *, name: str = "quota", timeout_s: float = 30.0
+    ) -> None:
         core = self.core()
         core.create_namespaced_resource_quota(namespace, {"metadata": {"name": name}, "spec": {"hard": hard}})
-        wait_for(lambda: (core.read_namespaced_resource_quota(name, namespace).status.hard or None),
-                 timeout_s=timeout_s, what=f"status of ResourceQuota {namespace}/{name}")
+        wait_for(
+            lambda: core.read_namespaced_resource_quota(name, namespace).status.hard or None,
+            timeout_s=timeout_s,
+            what=f"status of ResourceQuota {namespace}/{name}",
+        )
 
     def delete_namespace(self, name: str) -> None:
         with contextlib.suppress(ApiException):
@@ -140,25 +172,39 @@ class Cluster:
     # -- pods on the local node (really run by tests/cluster/kubelet.py) --
     @staticmethod
     def local_node_placement() -> dict:
-        """Pod spec fields that put a pod on the `local` node: its nodeSelector and a toleration of its taint."""
+        """Pod spec fields that put a pod on the `local` node: its nodeSelector, a toleration of its taint."""
         return {
             "nodeSelector": {controlplane.LOCAL_NODE_LABEL: "true"},
-            "tolerations": [{"key": controlplane.LOCAL_NODE_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+            "tolerations": [
+                {"key": controlplane.LOCAL_NODE_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+            ],
         }
 
-    def local_pod(self, name: str, command: list[str], *, env: dict[str, str] | None = None,
-                  labels: dict[str, str] | None = None, restart_policy: str = "Never") -> dict:
-        """A Pod manifest whose single container runs `command` on this machine (python -> the repo's venv)."""
+    def local_pod(
+        self,
+        name: str,
+        command: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+        restart_policy: str = "Never",
+    ) -> dict:
+        """A Pod manifest whose one container runs `command` on this machine (python: the repo's venv)."""
         return {
-            "apiVersion": "v1", "kind": "Pod",
+            "apiVersion": "v1",
+            "kind": "Pod",
             "metadata": {"name": name, "labels": labels or {}},
             "spec": {
                 **self.local_node_placement(),
                 "restartPolicy": restart_policy,
-                "containers": [{
-                    "name": "main", "image": "kembed/local", "command": command,
-                    "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
-                }],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "kembed/local",
+                        "command": command,
+                        "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
+                    }
+                ],
             },
         }
 
@@ -172,8 +218,14 @@ class Cluster:
         response = self.core().read_namespaced_pod_log(name, namespace, _preload_content=False, **kwargs)
         return response.data.decode()
 
-    def wait_pod_phase(self, namespace: str, name: str, phases: tuple[str, ...] = ("Succeeded", "Failed"),
-                       *, timeout_s: float = 60.0) -> client.V1Pod:
+    def wait_pod_phase(
+        self,
+        namespace: str,
+        name: str,
+        phases: tuple[str, ...] = ("Succeeded", "Failed"),
+        *,
+        timeout_s: float = 60.0,
+    ) -> client.V1Pod:
         core = self.core()
 
         def reached():
@@ -195,16 +247,13 @@ def _exists(read: Callable[[], Any]) -> bool:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    """The control plane for this test run: up in about 15 s when the binaries are cached, ended at teardown."""
+    """The control plane of this test run: up in about 10 s with cached binaries; ended at teardown."""
     controlplane.cleanup_stale_runs()
     run_dir = controlplane.runs_root() / f"pytest-{os.getpid()}"
     plane = controlplane.ControlPlane(run_dir, owner_pid=os.getpid())
     plane.start()
-    the_cluster = Cluster(plane)
     try:
-        wait_for(lambda: _exists(lambda: the_cluster.core().read_namespaced_service_account("default", "default")),
-                 timeout_s=30, what="the default ServiceAccount (controller-manager up)")
-        yield the_cluster
+        yield Cluster(plane)
     finally:
         plane.stop()
         if os.environ.get("KEMBED_KEEP_CLUSTER_LOGS"):

@@ -1,18 +1,19 @@
 """A small kubelet for tests: runs the pods bound to one node as local processes on this machine.
 
 It registers its Node (Ready, with a lease heartbeat), watches the pods bound to it and runs each container's
-command + args as a process group of its own, with the pod's environment. Phase, container states and exit codes go
-back to the pod status; logs go to files that the API server reads through this kubelet's HTTPS endpoint
-(`kubectl logs`, read_namespaced_pod_log). Deleting a pod sends SIGTERM to its process groups, SIGKILL after the
-grace period, then removes the pod, as a real kubelet does.
+command + args as a process group of its own, with the pod's environment. Phase, container states and exit
+codes go back to the pod status; logs go to files that the API server reads through this kubelet's HTTPS
+endpoint (`kubectl logs`, read_namespaced_pod_log). Deleting a pod sends SIGTERM to its process groups,
+SIGKILL after the grace period, then removes the pod, as a real kubelet does.
 
 What differs from a real kubelet, because there are no images and no network namespaces here:
-- Commands: the image is ignored. `python`, `python3`, `python3.X` (bare or as any absolute path) run this kubelet's
-  own interpreter (the repo's venv); other bare names, e.g. `torchrun`, are looked up first in the venv's bin
-  directory (it leads PATH). A container without `command` cannot run (there is no image entrypoint).
-- Cluster DNS: every host name ending in `.svc` or `.svc.cluster.local`, and `<hostname>.<subdomain>` (also with
-  `.<namespace>`) for the pod's own `spec.subdomain`, is rewritten to 127.0.0.1 in command, args, env values and
-  ConfigMap/Secret file contents. Ports are kept, so a test serves `svc:PORT` on 127.0.0.1:PORT.
+- Commands: the image is ignored. `python`, `python3`, `python3.X` (bare or as any absolute path) run this
+  kubelet's own interpreter (the repo's venv); other bare names, e.g. `torchrun`, are looked up first in the
+  venv's bin directory (it leads PATH). A container without `command` cannot run (there is no image
+  entrypoint).
+- Cluster DNS: every host name ending in `.svc` or `.svc.cluster.local`, and `<hostname>.<subdomain>` (also
+  with `.<namespace>`) for the pod's own `spec.subdomain`, is rewritten to 127.0.0.1 in command, args, env
+  values and ConfigMap/Secret file contents. Ports are kept, so a test serves `svc:PORT` on 127.0.0.1:PORT.
 - Volumes: configMap, secret, emptyDir, downwardAPI and projected (configMap, secret, downwardAPI,
   serviceAccountToken) volumes are written under <state-dir>/pods/<uid>/volumes/<name>/; each volumeMount's
   mountPath is rewritten to that directory wherever it appears in command, args, env values and workingDir.
@@ -63,7 +64,8 @@ def now_micro() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-# ---- the pure part: how a pod spec becomes local processes -------------------------------------------------------
+# ---- the pure part: how a pod spec becomes local processes ----------------------------------------
+
 
 def dns_rewriter(pod: dict):
     """Returns a function that maps cluster DNS names in a string to 127.0.0.1 (see the module docstring)."""
@@ -71,7 +73,9 @@ def dns_rewriter(pod: dict):
     subdomain = pod["spec"].get("subdomain")
     if subdomain:
         namespace = pod["metadata"]["namespace"]
-        patterns.append(rf"(?<![\w.-]){DNS_LABEL}\.{re.escape(subdomain)}(?:\.{re.escape(namespace)})?(?![\w.-])")
+        patterns.append(
+            rf"(?<![\w.-]){DNS_LABEL}\.{re.escape(subdomain)}(?:\.{re.escape(namespace)})?(?![\w.-])"
+        )
     regex = re.compile("|".join(patterns))
     return lambda text: regex.sub("127.0.0.1", text)
 
@@ -87,9 +91,12 @@ def path_rewriter(mounts: dict[str, pathlib.Path]):
 
 
 def expand_references(text: str, env: dict[str, str]) -> str:
-    """Kubernetes' $(VAR) expansion: defined names are replaced, $$ escapes, unknown references stay as they are."""
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)",
-                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+    """Kubernetes' $(VAR) expansion: defined names are replaced, $$ escapes, unknown references stay."""
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+        text,
+    )
 
 
 def field_value(pod: dict, field_path: str) -> str:
@@ -126,13 +133,21 @@ def resolve_command(argv0: str) -> str:
     return argv0
 
 
-# ---- the kubelet --------------------------------------------------------------------------------------------------
+# ---- the kubelet ----------------------------------------------------------------------------------
+
 
 class ContainerRun:
     """One container of a pod: its process, restarts and last state."""
 
-    def __init__(self, spec: dict, argv: list[str], env: dict[str, str], cwd: str, log_path: pathlib.Path,
-                 pgid_path: pathlib.Path):
+    def __init__(
+        self,
+        spec: dict,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        log_path: pathlib.Path,
+        pgid_path: pathlib.Path,
+    ):
         self.spec, self.argv, self.env, self.cwd = spec, argv, env, cwd
         self.log_path, self.pgid_path = log_path, pgid_path
         self.process: subprocess.Popen | None = None
@@ -154,8 +169,13 @@ class ContainerRun:
         self.exit_code = self.finished_at = None
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(
-                self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log_file,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                self.argv,
+                env=self.env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.pgid_path.write_text(str(self.process.pid))
         self.started_at = now()
@@ -176,10 +196,14 @@ class ContainerRun:
                 os.killpg(self.process.pid, signum)
 
     def terminated_state(self) -> dict:
-        return {"terminated": {
-            "exitCode": self.exit_code, "reason": "Completed" if self.exit_code == 0 else "Error",
-            "startedAt": self.started_at, "finishedAt": self.finished_at,
-        }}
+        return {
+            "terminated": {
+                "exitCode": self.exit_code,
+                "reason": "Completed" if self.exit_code == 0 else "Error",
+                "startedAt": self.started_at,
+                "finishedAt": self.finished_at,
+            }
+        }
 
     def status(self) -> dict:
         if self.process is None:
@@ -190,8 +214,13 @@ class ContainerRun:
             state = self.terminated_state()
         running = "running" in state
         status = {
-            "name": self.name, "image": self.spec.get("image", ""), "imageID": "", "ready": running,
-            "started": running, "restartCount": self.restart_count, "state": state,
+            "name": self.name,
+            "image": self.spec.get("image", ""),
+            "imageID": "",
+            "ready": running,
+            "started": running,
+            "restartCount": self.restart_count,
+            "state": state,
             "containerID": f"kembed-local://{self.process.pid}" if self.process else None,
         }
         if self.last_terminated:
@@ -253,13 +282,21 @@ class PodWorker(threading.Thread):
 
     def _service_account_token(self, source: dict) -> bytes:
         metadata = self.pod["metadata"]
-        body = {"spec": {
-            "audiences": [source["audience"]] if source.get("audience") else None,
-            "expirationSeconds": source.get("expirationSeconds", 3607),
-            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": metadata["name"], "uid": metadata["uid"]},
-        }}
+        body = {
+            "spec": {
+                "audiences": [source["audience"]] if source.get("audience") else None,
+                "expirationSeconds": source.get("expirationSeconds", 3607),
+                "boundObjectRef": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "name": metadata["name"],
+                    "uid": metadata["uid"],
+                },
+            }
+        }
         result = self._api().create_namespaced_service_account_token(
-            self.pod["spec"].get("serviceAccountName", "default"), metadata["namespace"], body)
+            self.pod["spec"].get("serviceAccountName", "default"), metadata["namespace"], body
+        )
         return result.status.token.encode()
 
     def _materialize_volume(self, volume: dict, rewrite) -> pathlib.Path:
@@ -267,27 +304,51 @@ class PodWorker(threading.Thread):
         directory.mkdir(parents=True, exist_ok=True)
         if "configMap" in volume:
             src = volume["configMap"]
-            self._write_items(directory, self._config_map(src["name"], src.get("optional", False)), src.get("items"), rewrite)
+            self._write_items(
+                directory,
+                self._config_map(src["name"], src.get("optional", False)),
+                src.get("items"),
+                rewrite,
+            )
         elif "secret" in volume:
             src = volume["secret"]
-            self._write_items(directory, self._secret(src["secretName"], src.get("optional", False)), src.get("items"), rewrite)
+            self._write_items(
+                directory,
+                self._secret(src["secretName"], src.get("optional", False)),
+                src.get("items"),
+                rewrite,
+            )
         elif "downwardAPI" in volume:
             self._write_downward(directory, volume["downwardAPI"].get("items", []))
         elif "projected" in volume:
             for source in volume["projected"].get("sources", []):
                 if "configMap" in source:
                     src = source["configMap"]
-                    self._write_items(directory, self._config_map(src["name"], src.get("optional", False)), src.get("items"), rewrite)
+                    self._write_items(
+                        directory,
+                        self._config_map(src["name"], src.get("optional", False)),
+                        src.get("items"),
+                        rewrite,
+                    )
                 elif "secret" in source:
                     src = source["secret"]
-                    self._write_items(directory, self._secret(src["name"], src.get("optional", False)), src.get("items"), rewrite)
+                    self._write_items(
+                        directory,
+                        self._secret(src["name"], src.get("optional", False)),
+                        src.get("items"),
+                        rewrite,
+                    )
                 elif "downwardAPI" in source:
                     self._write_downward(directory, source["downwardAPI"].get("items", []))
                 elif "serviceAccountToken" in source:
                     (directory / source["serviceAccountToken"]["path"]).write_bytes(
-                        self._service_account_token(source["serviceAccountToken"]))
+                        self._service_account_token(source["serviceAccountToken"])
+                    )
         elif "emptyDir" not in volume:
-            raise ValueError(f"volume {volume['name']!r}: only configMap, secret, emptyDir, downwardAPI and projected run locally")
+            raise ValueError(
+                f"volume {volume['name']!r}: only configMap, secret, emptyDir, downwardAPI and projected "
+                "volumes run locally"
+            )
         return directory
 
     def _write_downward(self, directory: pathlib.Path, items: list) -> None:
@@ -311,7 +372,9 @@ class PodWorker(threading.Thread):
         for source in container.get("envFrom", []):
             prefix = source.get("prefix", "")
             if "configMapRef" in source:
-                data = self._config_map(source["configMapRef"]["name"], source["configMapRef"].get("optional", False))
+                data = self._config_map(
+                    source["configMapRef"]["name"], source["configMapRef"].get("optional", False)
+                )
             else:
                 data = self._secret(source["secretRef"]["name"], source["secretRef"].get("optional", False))
             env.update({prefix + k: v.decode() if isinstance(v, bytes) else v for k, v in data.items()})
@@ -361,20 +424,32 @@ class PodWorker(threading.Thread):
                     env[f"KEMBED_MOUNT_{key}"] = str(local)
                 command = container.get("command") or []
                 if not command:
-                    raise ValueError(f"container {container['name']!r} has no command (no image entrypoint runs here)")
+                    raise ValueError(
+                        f"container {container['name']!r} has no command (no image entrypoint runs here)"
+                    )
                 argv = [rewrite(expand_references(a, env)) for a in [*command, *container.get("args", [])]]
                 argv[0] = resolve_command(argv[0])
                 cwd = rewrite(container.get("workingDir", "")) or str(self.dir)
                 if not os.path.isdir(cwd):
                     cwd = str(self.dir)
                 name = container["name"]
-                target.append(ContainerRun(container, argv, env, cwd, self.dir / "logs" / f"{name}.log",
-                                           self.dir / f"{name}.pgid"))
+                target.append(
+                    ContainerRun(
+                        container,
+                        argv,
+                        env,
+                        cwd,
+                        self.dir / "logs" / f"{name}.log",
+                        self.dir / f"{name}.pgid",
+                    )
+                )
 
     # -- status --
     def _status(self) -> dict:
         started = self.phase != "Pending"
-        all_ready = bool(self.runs) and all(run.process is not None and run.exit_code is None for run in self.runs)
+        all_ready = bool(self.runs) and all(
+            run.process is not None and run.exit_code is None for run in self.runs
+        )
         t = now()
 
         def condition(kind: str, ok: bool) -> dict:
@@ -404,7 +479,9 @@ class PodWorker(threading.Thread):
             body = {"status": self._status()}
             metadata = self.pod["metadata"]
             try:
-                self._api().patch_namespaced_pod_status(metadata["name"], metadata["namespace"], body, _content_type=SMP)
+                self._api().patch_namespaced_pod_status(
+                    metadata["name"], metadata["namespace"], body, _content_type=SMP
+                )
             except ApiException as error:
                 if error.status != 404:
                     log.warning("status of %s: %s", self.name, error.body)
@@ -413,7 +490,9 @@ class PodWorker(threading.Thread):
     def run(self) -> None:
         try:
             self._prepare()
-        except Exception as error:  # a bad spec fails the pod with the reason, as CreateContainerConfigError does
+        except (
+            Exception
+        ) as error:  # a bad spec fails the pod with the reason, as CreateContainerConfigError does
             log.exception("preparing %s", self.name)
             for run in self.runs or []:
                 run.waiting_reason = "CreateContainerConfigError"
@@ -433,7 +512,9 @@ class PodWorker(threading.Thread):
             self.push_status()
         if not self.stopping.is_set() and all(run.exit_code == 0 for run in self.init_runs):
             self.phase = "Running"
-            threads = [threading.Thread(target=self._supervise, args=(run,), daemon=True) for run in self.runs]
+            threads = [
+                threading.Thread(target=self._supervise, args=(run,), daemon=True) for run in self.runs
+            ]
             for thread in threads:
                 thread.start()
             for thread in threads:
@@ -472,7 +553,9 @@ class PodWorker(threading.Thread):
             for run in [*self.init_runs, *self.runs]:
                 run.signal(signal.SIGTERM)
             deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and any(r.process and r.exit_code is None for r in [*self.init_runs, *self.runs]):
+            while time.monotonic() < deadline and any(
+                r.process and r.exit_code is None for r in [*self.init_runs, *self.runs]
+            ):
                 time.sleep(0.1)
             for run in [*self.init_runs, *self.runs]:
                 run.signal(signal.SIGKILL)
@@ -504,15 +587,23 @@ class Kubelet:
         return dict(item.split("=", 1) for item in self.args.capacity)
 
     def register_node(self) -> None:
-        labels = {"kubernetes.io/hostname": self.node_name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+        labels = {
+            "kubernetes.io/hostname": self.node_name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+        }
         labels.update(dict(item.split("=", 1) for item in self.args.label))
         taints = []
         for item in self.args.taint:
             key_value, effect = item.rsplit(":", 1)
             key, _, value = key_value.partition("=")
             taints.append({"key": key, "value": value, "effect": effect})
-        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node_name, "labels": labels},
-                "spec": {"taints": taints}}
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": self.node_name, "labels": labels},
+            "spec": {"taints": taints},
+        }
         try:
             self.core.create_node(node)
         except ApiException as error:
@@ -522,34 +613,74 @@ class Kubelet:
 
     def update_node_status(self) -> None:
         t = now()
-        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kembed test kubelet is ready",
-                 "lastHeartbeatTime": t, "lastTransitionTime": t}
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "kembed test kubelet is ready",
+            "lastHeartbeatTime": t,
+            "lastTransitionTime": t,
+        }
         pressure = [
-            {"type": kind, "status": "False", "reason": reason, "message": "", "lastHeartbeatTime": t, "lastTransitionTime": t}
-            for kind, reason in (("MemoryPressure", "KubeletHasSufficientMemory"), ("DiskPressure", "KubeletHasNoDiskPressure"),
-                                 ("PIDPressure", "KubeletHasSufficientPID"))
+            {
+                "type": kind,
+                "status": "False",
+                "reason": reason,
+                "message": "",
+                "lastHeartbeatTime": t,
+                "lastTransitionTime": t,
+            }
+            for kind, reason in (
+                ("MemoryPressure", "KubeletHasSufficientMemory"),
+                ("DiskPressure", "KubeletHasNoDiskPressure"),
+                ("PIDPressure", "KubeletHasSufficientPID"),
+            )
         ]
         capacity = self._capacity()
-        status = {"status": {
-            "conditions": [ready, *pressure],
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": self.node_name}],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.args.port}},
-            "capacity": capacity, "allocatable": capacity,
-            "nodeInfo": {"machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": os.uname().release,
-                         "osImage": "kembed test kubelet", "containerRuntimeVersion": "kembed-local://1",
-                         "kubeletVersion": "kembed-test", "kubeProxyVersion": "", "operatingSystem": "linux",
-                         "architecture": "amd64"},
-        }}
+        status = {
+            "status": {
+                "conditions": [ready, *pressure],
+                "addresses": [
+                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "Hostname", "address": self.node_name},
+                ],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.args.port}},
+                "capacity": capacity,
+                "allocatable": capacity,
+                "nodeInfo": {
+                    "machineID": "",
+                    "systemUUID": "",
+                    "bootID": "",
+                    "kernelVersion": os.uname().release,
+                    "osImage": "kembed test kubelet",
+                    "containerRuntimeVersion": "kembed-local://1",
+                    "kubeletVersion": "kembed-test",
+                    "kubeProxyVersion": "",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                },
+            }
+        }
         self.core.patch_node_status(self.node_name, status, _content_type=SMP)
 
     def renew_lease(self) -> None:
-        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                 "metadata": {"name": self.node_name, "namespace": "kube-node-lease"},
-                 "spec": {"holderIdentity": self.node_name, "leaseDurationSeconds": LEASE_DURATION_S,
-                          "renewTime": now_micro()}}
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.node_name, "namespace": "kube-node-lease"},
+            "spec": {
+                "holderIdentity": self.node_name,
+                "leaseDurationSeconds": LEASE_DURATION_S,
+                "renewTime": now_micro(),
+            },
+        }
         try:
-            self.coordination.patch_namespaced_lease(self.node_name, "kube-node-lease", {"spec": lease["spec"]},
-                                                     _content_type="application/merge-patch+json")
+            self.coordination.patch_namespaced_lease(
+                self.node_name,
+                "kube-node-lease",
+                {"spec": lease["spec"]},
+                _content_type="application/merge-patch+json",
+            )
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -595,8 +726,11 @@ class Kubelet:
         log.info("removing pod %s/%s", metadata["namespace"], metadata["name"])
         try:
             # With a body, the API server reads DeleteOptions from it alone: the grace period goes there too.
-            self.core.delete_namespaced_pod(metadata["name"], metadata["namespace"], body={
-                "gracePeriodSeconds": 0, "preconditions": {"uid": metadata["uid"]}})
+            self.core.delete_namespaced_pod(
+                metadata["name"],
+                metadata["namespace"],
+                body={"gracePeriodSeconds": 0, "preconditions": {"uid": metadata["uid"]}},
+            )
         except ApiException as error:
             if error.status not in (404, 409):
                 log.warning("deleting %s: %s", metadata["name"], error.body)
@@ -605,13 +739,18 @@ class Kubelet:
         selector = f"spec.nodeName={self.node_name}"
         while not self.shutting_down.is_set():
             try:
-                response = self.core.list_pod_for_all_namespaces(field_selector=selector, _preload_content=False)
+                response = self.core.list_pod_for_all_namespaces(
+                    field_selector=selector, _preload_content=False
+                )
                 listing = json.loads(response.data)
                 for pod in listing["items"]:
                     self.reconcile(pod)
                 stream = watch.Watch().stream(
-                    self.core.list_pod_for_all_namespaces, field_selector=selector, deserialize=False,
-                    resource_version=listing["metadata"]["resourceVersion"], timeout_seconds=300,
+                    self.core.list_pod_for_all_namespaces,
+                    field_selector=selector,
+                    deserialize=False,
+                    resource_version=listing["metadata"]["resourceVersion"],
+                    timeout_seconds=300,
                     allow_watch_bookmarks=True,
                 )
                 for event in stream:
@@ -624,8 +763,11 @@ class Kubelet:
 
     def log_file(self, namespace: str, name: str, container: str | None) -> pathlib.Path | None:
         with self.workers_lock:
-            candidates = [w for w in self.workers.values()
-                          if w.pod["metadata"]["namespace"] == namespace and w.pod["metadata"]["name"] == name]
+            candidates = [
+                w
+                for w in self.workers.values()
+                if w.pod["metadata"]["namespace"] == namespace and w.pod["metadata"]["name"] == name
+            ]
         for worker in reversed(candidates):
             names = [c["name"] for c in worker.pod["spec"]["containers"]]
             path = worker.log_path(container or names[0])
@@ -635,8 +777,11 @@ class Kubelet:
 
     def container_done(self, namespace: str, name: str, container: str) -> bool:
         with self.workers_lock:
-            workers = [w for w in self.workers.values()
-                       if w.pod["metadata"]["namespace"] == namespace and w.pod["metadata"]["name"] == name]
+            workers = [
+                w
+                for w in self.workers.values()
+                if w.pod["metadata"]["namespace"] == namespace and w.pod["metadata"]["name"] == name
+            ]
         return all(not w.is_alive() for w in workers)
 
     def shutdown(self, *_):
@@ -649,7 +794,8 @@ class Kubelet:
                 run.signal(signal.SIGTERM)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and any(
-                r.process and r.process.poll() is None for w in workers for r in [*w.init_runs, *w.runs]):
+            r.process and r.process.poll() is None for w in workers for r in [*w.init_runs, *w.runs]
+        ):
             time.sleep(0.1)
         for worker in workers:
             for run in [*worker.init_runs, *worker.runs]:
@@ -661,7 +807,9 @@ class LogHandler(http.server.BaseHTTPRequestHandler):
     """The kubelet API's containerLogs endpoint, which the API server proxies for `kubectl logs`."""
 
     kubelet: Kubelet
-    protocol_version = "HTTP/1.0"  # the body ends when the connection closes: simple streaming for follow=true
+    protocol_version = (
+        "HTTP/1.0"  # the body ends when the connection closes: simple streaming for follow=true
+    )
 
     def log_message(self, fmt, *args):
         log.debug(fmt, *args)
@@ -718,7 +866,7 @@ def serve_logs(kubelet: Kubelet, args: argparse.Namespace) -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(args.serving_cert, args.serving_key)
-    # Only the API server (a client cert from the cluster CA) may read logs, as with a real kubelet's x509 authn.
+    # Only the API server (a client cert of the cluster CA) may read logs, as with a kubelet's x509 authn.
     context.verify_mode = ssl.CERT_REQUIRED
     context.load_verify_locations(args.client_ca)
     server.socket = context.wrap_socket(server.socket, server_side=True)
@@ -727,17 +875,23 @@ def serve_logs(kubelet: Kubelet, args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.cluster.kubelet", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.cluster.kubelet", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--node-name", required=True)
-    parser.add_argument("--port", type=int, required=True, help="HTTPS port of the logs endpoint on 127.0.0.1")
+    parser.add_argument(
+        "--port", type=int, required=True, help="HTTPS port of the logs endpoint on 127.0.0.1"
+    )
     parser.add_argument("--state-dir", required=True, help="pods' logs, volumes and process-group files")
     parser.add_argument("--serving-cert", required=True)
     parser.add_argument("--serving-key", required=True)
     parser.add_argument("--client-ca", required=True)
     parser.add_argument("--label", action="append", default=[], help="KEY=VALUE node label")
     parser.add_argument("--taint", action="append", default=[], help="KEY=VALUE:EFFECT node taint")
-    parser.add_argument("--capacity", action="append", default=[], help="RESOURCE=QUANTITY, capacity = allocatable")
+    parser.add_argument(
+        "--capacity", action="append", default=[], help="RESOURCE=QUANTITY, capacity = allocatable"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
 

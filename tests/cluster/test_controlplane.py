@@ -1,4 +1,4 @@
-"""The test control plane does what later tests rely on: schedules GPUs, enforces quota, really runs local pods."""
+"""The test control plane does what later tests rely on: GPU scheduling, quota, pods really run locally."""
 
 from __future__ import annotations
 
@@ -15,22 +15,31 @@ from tests.cluster.fixture import Cluster, wait_for
 pytestmark = pytest.mark.cluster
 
 CHART = pathlib.Path(__file__).parent / "chart" / "hello"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 
 def gpu_job(name: str, *, completions: int, gpus: int, run_duration: str) -> dict:
     return {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
         "spec": {
-            "completionMode": "Indexed", "completions": completions, "parallelism": completions, "backoffLimit": 0,
+            "completionMode": "Indexed",
+            "completions": completions,
+            "parallelism": completions,
+            "backoffLimit": 0,
             "template": {
                 "metadata": {"annotations": {"kembed.io/test-run-duration": run_duration}},
                 "spec": {
                     "restartPolicy": "Never",
                     "nodeSelector": {controlplane.GPU_NODE_LABEL: "true"},
-                    "containers": [{
-                        "name": "trainer", "image": "kembed/trainer",
-                        "resources": {"limits": {controlplane.GPU_RESOURCE: str(gpus)}},
-                    }],
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "kembed/trainer",
+                            "resources": {"limits": {controlplane.GPU_RESOURCE: str(gpus)}},
+                        }
+                    ],
                 },
             },
         },
@@ -39,11 +48,18 @@ def gpu_job(name: str, *, completions: int, gpus: int, run_duration: str) -> dic
 
 def gpu_pod(name: str, *, gpus: int, labels: dict[str, str] | None = None) -> dict:
     return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
         "spec": {
             "restartPolicy": "Never",
-            "containers": [{"name": "main", "image": "kembed/trainer",
-                            "resources": {"limits": {controlplane.GPU_RESOURCE: str(gpus)}}}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "kembed/trainer",
+                    "resources": {"limits": {controlplane.GPU_RESOURCE: str(gpus)}},
+                }
+            ],
         },
     }
 
@@ -60,7 +76,7 @@ def test_indexed_job_takes_two_whole_gpu_nodes_and_quota_refuses_a_third(cluster
     pods = wait_for(both_running, timeout_s=30, what="both job pods Running")
     nodes = {pod.spec.node_name for pod in pods}
     assert len(nodes) == 2 and nodes <= set(cluster.gpu_nodes), nodes  # 8 GPUs each: one whole node per pod
-    indexes = {pod.metadata.annotations["batch.kubernetes.io/job-completion-index"] for pod in pods}
+    indexes = {pod.metadata.annotations[COMPLETION_INDEX] for pod in pods}
     assert indexes == {"0", "1"}
 
     # The quota (16 GPUs) is used up while the job runs: the API server refuses a third 8-GPU pod outright.
@@ -80,7 +96,9 @@ def test_indexed_job_takes_two_whole_gpu_nodes_and_quota_refuses_a_third(cluster
 
 def test_failure_label_fails_a_fake_pod_with_that_exit_code(cluster: Cluster, namespace: str):
     core = cluster.core()
-    core.create_namespaced_pod(namespace, gpu_pod("oom", gpus=1, labels={"kembed.io/test-fail-exit-code": "137"}))
+    core.create_namespaced_pod(
+        namespace, gpu_pod("oom", gpus=1, labels={"kembed.io/test-fail-exit-code": "137"})
+    )
     pod = cluster.wait_pod_phase(namespace, "oom", timeout_s=30)
     assert pod.status.phase == "Failed"
     assert pod.status.container_statuses[0].state.terminated.exit_code == 137
@@ -118,34 +136,54 @@ def test_local_pod_runs_python_for_real_and_reports_exit_code_and_logs(cluster: 
 def test_local_indexed_job_gets_config_files_index_and_cluster_dns(cluster: Cluster, namespace: str):
     """What a trainer pod of the operator needs: a ConfigMap file, its completion index, its peers' names."""
     core, batch = cluster.core(), cluster.batch()
-    core.create_namespaced_config_map(namespace, {
-        "metadata": {"name": "trainer-config"},
-        "data": {"config.yaml": "api: http://kembed-api.kembed.svc.cluster.local:8000\n"},
-    })
+    core.create_namespaced_config_map(
+        namespace,
+        {
+            "metadata": {"name": "trainer-config"},
+            "data": {"config.yaml": "api: http://kembed-api.kembed.svc.cluster.local:8000\n"},
+        },
+    )
     script = textwrap.dedent("""
         import os, sys
         print('index', os.environ['JOB_COMPLETION_INDEX'], 'master', os.environ['MASTER_ADDR'])
         print(open(sys.argv[2]).read().strip())
     """)
     job = {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "trainer"},
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "trainer"},
         "spec": {
-            "completionMode": "Indexed", "completions": 2, "parallelism": 2, "backoffLimit": 0,
-            "template": {"spec": {
-                **cluster.local_node_placement(),
-                "restartPolicy": "Never", "subdomain": "trainer",
-                "volumes": [{"name": "config", "configMap": {"name": "trainer-config"}}],
-                "containers": [{
-                    "name": "trainer", "image": "kembed/trainer",
-                    "command": ["python", "-c", script, "--config", "/etc/kembed/config.yaml"],
-                    "env": [
-                        {"name": "MASTER_ADDR", "value": "trainer-0.trainer"},
-                        {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
-                            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+            "completionMode": "Indexed",
+            "completions": 2,
+            "parallelism": 2,
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    **cluster.local_node_placement(),
+                    "restartPolicy": "Never",
+                    "subdomain": "trainer",
+                    "volumes": [{"name": "config", "configMap": {"name": "trainer-config"}}],
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "kembed/trainer",
+                            "command": ["python", "-c", script, "--config", "/etc/kembed/config.yaml"],
+                            "env": [
+                                {"name": "MASTER_ADDR", "value": "trainer-0.trainer"},
+                                {
+                                    "name": "JOB_COMPLETION_INDEX",
+                                    "valueFrom": {
+                                        "fieldRef": {
+                                            "fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"
+                                        }
+                                    },
+                                },
+                            ],
+                            "volumeMounts": [{"name": "config", "mountPath": "/etc/kembed"}],
+                        }
                     ],
-                    "volumeMounts": [{"name": "config", "mountPath": "/etc/kembed"}],
-                }],
-            }},
+                }
+            },
         },
     }
     batch.create_namespaced_job(namespace, job)
@@ -157,9 +195,7 @@ def test_local_indexed_job_gets_config_files_index_and_cluster_dns(cluster: Clus
     wait_for(complete, timeout_s=60, what="local job trainer finished")
     pods = core.list_namespaced_pod(namespace, label_selector="job-name=trainer").items
     logs = sorted(cluster.pod_log(namespace, p.metadata.name) for p in pods)
-    assert logs == [
-        f"index {i} master 127.0.0.1\napi: http://127.0.0.1:8000\n" for i in (0, 1)
-    ]
+    assert logs == [f"index {i} master 127.0.0.1\napi: http://127.0.0.1:8000\n" for i in (0, 1)]
 
 
 def test_deleting_a_local_pod_sends_sigterm_to_its_processes(cluster: Cluster, namespace: str, tmp_path):
