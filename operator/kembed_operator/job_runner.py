@@ -1,0 +1,207 @@
+"""Runs one EmbeddingJob: observe, decide (job_state.decide), act, write status; sleep until a child changes.
+
+One runner per job, started and stopped by Kopf (a daemon): it is the only writer of that job's status, so it
+keeps the status it last wrote and never races itself. Children are read from the shared `Observed` view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+import pydantic
+from kubernetes.client.rest import ApiException
+
+from kembed_api import resources
+from kembed_api.spec import TERMINAL_STATES, JobState
+from kembed_operator import job_manifests, job_state, progress
+from kembed_operator.kube import Kube, is_not_found
+from kembed_operator.observed import Observed
+from kembed_operator.settings import OperatorSettings
+from kembed_operator.views import JOB_LABEL
+
+__all__ = ["JobRunner"]
+
+_TERMINAL = {s.value for s in TERMINAL_STATES}
+
+
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class JobRunner:
+    def __init__(self, *, kube: Kube, observed: Observed, settings: OperatorSettings, body: kopf.Body,
+                 s3_prefix_of: Callable[[str], str | None], logger: logging.Logger | logging.LoggerAdapter,
+                 clock: Callable[[], datetime.datetime] = _utcnow) -> None:
+        self.kube, self.observed, self.settings = kube, observed, settings
+        self.body, self.logger, self.clock = body, logger, clock
+        self.s3_prefix_of = s3_prefix_of
+        self.name, self.namespace, self.uid = body.meta["name"], body.meta["namespace"], body.meta["uid"]
+        self.key = (self.namespace, self.name)
+        self.tenant = (body.meta.get("labels") or {}).get("kembed.io/tenant") or self.namespace.removeprefix(
+            resources.NAMESPACE_PREFIX)
+        self.status: dict[str, Any] = dict(body.get("status") or {})
+        self._last_log_read = 0.0
+        self._gone = False
+
+    # ---- the loop --------------------------------------------------------------------------------------------
+    async def run(self, stopped: kopf.DaemonStopped) -> None:
+        if self.status.get("phase"):
+            await self._prime()  # after a restart or a take-over: never judge a running gang by an empty view
+        wakeup = self.observed.wakeup(self.key)
+
+        async def until_stopped() -> None:
+            await stopped.wait()
+
+        stopping = asyncio.ensure_future(until_stopped())
+        try:
+            while not stopped and not self._gone:
+                wakeup.clear()
+                sleep_s = await self.reconcile_once()
+                waking = asyncio.ensure_future(wakeup.wait())
+                await asyncio.wait([waking, stopping], timeout=sleep_s, return_when=asyncio.FIRST_COMPLETED)
+                waking.cancel()
+        finally:
+            stopping.cancel()
+            self.observed.forget(self.key)
+
+    async def reconcile_once(self) -> float:
+        now = self.clock()
+        generation = int(self.body.meta.get("generation") or 0)
+        try:
+            spec = resources.EmbeddingJobSpec.model_validate(dict(self.body.spec))
+        except pydantic.ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            plan = job_state.invalid_spec_plan(self.status, generation, now, f"spec.{where}: {first['msg']}")
+            await self._write_status(plan.status)
+            self._post(plan.event)
+            return self.settings.resync_interval_s
+        plan = job_state.decide(
+            spec=spec, status=self.status, generation=generation, batch_job=self.observed.batch_job(self.key),
+            pods=self.observed.pods(self.key), now=now, settings=self.settings,
+        )
+        if plan.action is job_state.Action.CREATE_GANG:
+            await self._create_gang(spec)  # create first: the status then says what exists
+            await self._write_status(plan.status)
+        else:
+            await self._write_status(plan.status)  # intent first: a restart is recorded before the gang goes
+            if plan.action is not None:
+                await self._carry_out(plan.action, spec)
+        self._post(plan.event)
+        await self._read_progress(force=plan.status.get("phase") in _TERMINAL)
+        ttl_left = job_state.seconds_until_ttl(self.status, now, self.settings)
+        return min(self.settings.resync_interval_s, ttl_left + 0.5) if ttl_left is not None else (
+            self.settings.resync_interval_s)
+
+    # ---- acting ----------------------------------------------------------------------------------------------
+    async def _prime(self) -> None:
+        selector = f"{JOB_LABEL}={self.name}"
+        pods = await self.kube.run(self.kube.core.list_namespaced_pod, self.namespace, label_selector=selector)
+        for pod in pods.items:
+            self.observed.record_pod(None, self.kube.api.sanitize_for_serialization(pod))
+        try:
+            job = await self.kube.run(self.kube.batch.read_namespaced_job, self.name, self.namespace)
+            self.observed.record_job(None, self.kube.api.sanitize_for_serialization(job))
+        except ApiException as error:
+            if not is_not_found(error):
+                raise
+
+    async def _create_gang(self, spec: resources.EmbeddingJobSpec) -> None:
+        attempt = int(self.status.get("attempt") or 0)
+        prefix = self.s3_prefix_of(self.tenant)
+        checkpoint_uri = f"{prefix.rstrip('/')}/{self.name}" if prefix else None
+        args = (self.name, self.namespace, self.uid, self.tenant)
+        await asyncio.gather(
+            self.kube.run(self.kube.apply, job_manifests.config_map(*args, spec, default_checkpoint_uri=checkpoint_uri)),
+            self.kube.run(self.kube.apply, job_manifests.service(*args, self.settings)),
+            self._own_report_token(spec),
+        )
+        manifest = job_manifests.batch_job(*args, spec, attempt=attempt, settings=self.settings)
+        created = await self.kube.run(self.kube.create, manifest)
+        if created is None:  # it exists already (we made it before a restart): let the view know
+            existing = await self.kube.run(self.kube.batch.read_namespaced_job, self.name, self.namespace)
+            created = self.kube.api.sanitize_for_serialization(existing)
+        self.observed.record_job(None, created)
+
+    async def _own_report_token(self, spec: resources.EmbeddingJobSpec) -> None:
+        """The API's per-job token Secret goes when the job goes: the EmbeddingJob becomes its owner."""
+        if not spec.report_token_secret:
+            return
+        owner = {**job_manifests.owner_reference(self.name, self.uid), "controller": False}
+        try:
+            await self.kube.run(self.kube.merge_patch, "v1", "Secret", spec.report_token_secret, self.namespace,
+                                {"metadata": {"ownerReferences": [owner]}})
+        except ApiException as error:
+            if not is_not_found(error):
+                raise
+            self._post(("Warning", "ReportTokenMissing",
+                        f"Secret {spec.report_token_secret} not found: the trainer runs but cannot report to the API"))
+
+    async def _carry_out(self, action: job_state.Action, spec: resources.EmbeddingJobSpec) -> None:
+        batch_job = self.observed.batch_job(self.key)
+        if action is job_state.Action.DELETE_GANG and batch_job is not None:
+            # Foreground: the Job stays (deleting) until its pods are gone, so the next gang never meets them.
+            await self.kube.run(self.kube.delete, "batch/v1", "Job", self.name, self.namespace,
+                                propagation="Foreground", uid=batch_job.uid)
+        elif action in (job_state.Action.SUSPEND_GANG, job_state.Action.RESUME_GANG):
+            suspend = action is job_state.Action.SUSPEND_GANG
+            try:
+                await self.kube.run(self.kube.merge_patch, "batch/v1", "Job", self.name, self.namespace,
+                                    {"spec": {"suspend": suspend}})
+            except ApiException as error:
+                if not is_not_found(error):
+                    raise
+        elif action is job_state.Action.REMOVE_CHILDREN:
+            for api_version, kind, name in [("batch/v1", "Job", self.name), ("v1", "Service", self.name),
+                                            ("v1", "ConfigMap", self.name)] + (
+                    [("v1", "Secret", spec.report_token_secret)] if spec.report_token_secret else []):
+                await self.kube.run(self.kube.delete, api_version, kind, name, self.namespace)
+
+    async def _write_status(self, changes: dict[str, Any]) -> None:
+        if not changes:
+            return
+        try:
+            updated = await self.kube.run(self.kube.patch_custom_status, resources.EMBEDDING_JOB_PLURAL, self.name,
+                                          self.namespace, changes)
+        except ApiException as error:
+            if is_not_found(error):
+                self._gone = True
+                return
+            raise
+        self.status = dict(updated.get("status") or {})
+
+    def _post(self, event: tuple[str, str, str] | None) -> None:
+        if event is not None:
+            kind, reason, message = event
+            kopf.event(self.body, type=kind, reason=reason, message=message[:1000])
+
+    # ---- progress from rank 0's records --------------------------------------------------------------------------
+    async def _read_progress(self, *, force: bool) -> None:
+        running = self.status.get("phase") in (JobState.RUNNING.value, JobState.RESTARTING.value)
+        due = time.monotonic() - self._last_log_read >= self.settings.progress_interval_s
+        if not (force or (running and due)):
+            return
+        attempt = int(self.status.get("attempt") or 0)
+        rank0 = [p for p in self.observed.pods(self.key) if p.attempt == attempt and p.index == 0
+                 and p.phase in ("Running", "Succeeded", "Failed")]
+        if not rank0:
+            return
+        self._last_log_read = time.monotonic()
+        try:
+            text = await self.kube.run(self.kube.pod_log_tail, rank0[0].name, self.namespace, lines=200)
+        except Exception as error:  # noqa: BLE001 - progress is a nicety; a node without logs must not stop the job
+            self.logger.debug("no log of %s: %s", rank0[0].name, error)
+            return
+        latest, checkpoint = progress.read_records(text)
+        changes: dict[str, Any] = {}
+        if latest and latest != self.status.get("progress"):
+            changes["progress"] = latest
+        if checkpoint and checkpoint != self.status.get("lastCheckpoint"):
+            changes["lastCheckpoint"] = checkpoint
+        await self._write_status(changes)

@@ -1,0 +1,36 @@
+"""Progress and checkpoints from rank 0's JSON-line records (the trainer prints one per event on stdout)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["read_records"]
+
+
+def read_records(log_text: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(progress, lastCheckpoint) as status fields, from the newest records in a log tail; None where absent."""
+    progress = checkpoint = None
+    for line in log_text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            continue
+        event, step = record.get("event"), record["step"]
+        total = record.get("total_steps") or (progress or {}).get("totalSteps")
+        if event in ("started", "progress", "done"):
+            total = record.get("total_steps") or total
+            if event == "done":
+                total = total or step
+            progress = {"step": step, "totalSteps": total,
+                        "percent": min(100, int(100 * step / total)) if total else None}
+        if event == "checkpoint" and isinstance(record.get("uri"), str):
+            checkpoint = {"step": step, "uri": record["uri"]}
+        if event == "done" and isinstance(record.get("checkpoint"), str):
+            checkpoint = {"step": step, "uri": record["checkpoint"]}
+    return progress, checkpoint

@@ -1,0 +1,43 @@
+"""Operator-wide set-up, run once by Kopf before any handler: settings, the API client, Kopf's own knobs."""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+import kopf
+
+from kembed_operator.kube import Kube
+from kembed_operator.observed import Observed
+from kembed_operator.settings import OperatorSettings
+
+_PREFIX = "kembed.io"
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    ours = OperatorSettings()
+    memo.settings = ours
+    memo.kube = Kube(workers=ours.api_workers)
+    memo.observed = Observed()
+
+    # Kopf keeps its bookkeeping in annotations under our prefix: our status schemas prune unknown fields.
+    settings.persistence.finalizer = f"{_PREFIX}/operator"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=_PREFIX, key="last-handled-configuration")
+    settings.posting.level = logging.INFO
+    settings.execution.max_workers = ours.api_workers
+    settings.peering.name = ours.peering_name
+    settings.peering.clusterwide = True
+    settings.peering.lifetime = ours.peering_lifetime_s
+    settings.peering.mandatory = not ours.standalone
+    settings.peering.standalone = ours.standalone
+    # Kopf pauses an operator that sees a peer of higher *or equal* priority: replicas must differ.
+    settings.peering.priority = random.randint(1, 2**30)
+    settings.peering.stealth = True
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    logger.info("kembed operator configured: peering %s (priority %d), trainer image %s",
+                "off" if ours.standalone else ours.peering_name, settings.peering.priority, ours.trainer_image)

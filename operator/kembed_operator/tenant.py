@@ -1,0 +1,92 @@
+"""Kopf handlers for Tenant: its namespace with quota, defaults, isolation, trainer identity and S3 credentials.
+
+Every step is a server-side apply, so a handler run twice (a retry, a take-over by the other replica) changes
+nothing the second time, and a quota edit reaches the ResourceQuota in place.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import kopf
+import pydantic
+
+from kembed_api import resources
+from kembed_api.spec import TERMINAL_STATES
+from kembed_operator import tenant_manifests
+from kembed_operator.conditions import set_condition
+from kembed_operator.kube import Kube
+from kembed_operator.settings import OperatorSettings
+
+TENANTS = (resources.GROUP, resources.VERSION, resources.TENANT_PLURAL)
+_TERMINAL = {s.value for s in TERMINAL_STATES}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _status(kube: Kube, name: str, status: kopf.Status, generation: int, *, phase: str, ready: bool, reason: str,
+            message: str) -> None:
+    conditions = set_condition(list(status.get("conditions") or []), type_="Ready", status=ready, reason=reason,
+                               message=message, generation=generation, now=_now())
+    kube.patch_custom_status(resources.TENANT_PLURAL, name, None, {
+        "phase": phase, "namespace": resources.tenant_namespace(name), "conditions": conditions,
+        "observedGeneration": generation,
+    })
+
+
+@kopf.on.resume(*TENANTS)
+@kopf.on.create(*TENANTS)
+@kopf.on.update(*TENANTS, field="spec")
+def reconcile_tenant(name: str, uid: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, memo: kopf.Memo,
+                     body: kopf.Body, **_: Any) -> None:
+    kube: Kube = memo.kube
+    settings: OperatorSettings = memo.settings
+    generation = int(meta.get("generation") or 0)
+    try:
+        tenant = resources.TenantSpec.model_validate(dict(spec))
+        if len(name) > resources.MAX_TENANT_NAME:
+            raise ValueError(f"name: at most {resources.MAX_TENANT_NAME} characters (namespace kembed-<name>)")
+    except (pydantic.ValidationError, ValueError) as error:
+        _status(kube, name, status, generation, phase="Failed", ready=False, reason="InvalidSpec", message=str(error))
+        kopf.warn(body, reason="InvalidSpec", message=str(error)[:1000])
+        raise kopf.PermanentError(f"invalid Tenant spec: {error}") from error
+
+    kube.apply(tenant_manifests.namespace(name, uid))
+    for manifest in (tenant_manifests.quota(name, tenant), tenant_manifests.limit_range(name, settings),
+                     tenant_manifests.network_policy(name), tenant_manifests.trainer_service_account(name, settings)):
+        kube.apply(manifest)
+
+    source_name = (tenant.s3.credentials_secret if tenant.s3 else None) or settings.s3_credentials_secret
+    if source_name:
+        source = kube.read_secret(source_name, settings.namespace)
+        if source is None:
+            message = f"S3 credentials Secret {settings.namespace}/{source_name} not found"
+            _status(kube, name, status, generation, phase="Failed", ready=False, reason="S3SecretMissing",
+                    message=message)
+            kopf.warn(body, reason="S3SecretMissing", message=message)
+            raise kopf.TemporaryError(message, delay=30)
+        kube.apply(tenant_manifests.s3_secret(name, source))
+    _status(kube, name, status, generation, phase="Ready", ready=True, reason="Reconciled",
+            message=f"namespace {resources.tenant_namespace(name)} with quota {tenant.quota.gpus} GPUs, "
+                    f"{tenant.quota.cpu} CPU, {tenant.quota.memory} memory")
+
+
+@kopf.on.delete(*TENANTS)
+def delete_tenant(name: str, status: kopf.Status, meta: kopf.Meta, memo: kopf.Memo, body: kopf.Body,
+                  **_: Any) -> None:
+    """Refused (retried) while the tenant has unfinished jobs; then its namespace goes, with everything in it."""
+    kube: Kube = memo.kube
+    namespace = resources.tenant_namespace(name)
+    jobs = kube.list_custom(resources.EMBEDDING_JOB_PLURAL, namespace)
+    unfinished = [j["metadata"]["name"] for j in jobs if (j.get("status") or {}).get("phase") not in _TERMINAL]
+    if unfinished:
+        shown = ", ".join(sorted(unfinished)[:5]) + (" ..." if len(unfinished) > 5 else "")
+        message = f"{len(unfinished)} jobs have not finished ({shown}); cancel them or wait for them to end"
+        _status(kube, name, status, int(meta.get("generation") or 0), phase="Terminating", ready=False,
+                reason="JobsStillRunning", message=message)
+        kopf.warn(body, reason="JobsStillRunning", message=message)
+        raise kopf.TemporaryError(message, delay=memo.settings.tenant_delete_retry_s)
+    kube.delete("v1", "Namespace", namespace)

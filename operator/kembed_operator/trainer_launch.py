@@ -1,0 +1,36 @@
+"""torchrun, with the failed rank's own exit code (runs inside the trainer image: stdlib and torch only).
+
+torchrun exits 1 whatever happened to its workers, which would hide the difference between a bad config (exit 2,
+permanent), a crash (1, permanent) and a kill (137) or a SIGTERM checkpoint (143, both retryable). This file is
+shipped to every trainer pod in the job's ConfigMap and run as `python launch.py <torchrun arguments>`: the same
+arguments, the same launch code (torch.distributed.run.run), but the pod then exits with
+- the first failed worker's exit code (128 + N when a signal N killed it),
+- 128 + N when the launcher itself got signal N (SIGTERM: the workers were asked to checkpoint and stop),
+- 0 when every worker succeeded.
+"""
+
+import signal
+import sys
+
+
+def main(argv=None):
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    try:
+        run(parse_args(argv))
+    except ChildFailedError as failed:
+        rank, failure = failed.get_first_failure()
+        code = failure.exitcode
+        code = 128 - code if code < 0 else code  # a negative exit code is the signal that ended the worker
+        print(f"kembed launcher: rank {rank} failed first, exit code {code}", file=sys.stderr, flush=True)
+        return code or 1
+    except SignalException as stopped:
+        print(f"kembed launcher: stopped by {signal.Signals(stopped.sigval).name}", file=sys.stderr, flush=True)
+        return 128 + int(stopped.sigval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
