@@ -44,6 +44,11 @@ class OperatorSettings(BaseSettings):
     trainer_service_account: str = Field(
         "kembed-trainer", description="ServiceAccount (no API rights) the operator creates in each tenant namespace."
     )
+    trainer_service_account_annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Annotations on each tenant's trainer ServiceAccount: workload identity for S3 instead of keys "
+        "(e.g. eks.amazonaws.com/role-arn).",
+    )
     trainer_uid: int = Field(10001, description="UID/GID the trainer runs as (the trainer image's user).")
     trainer_node_selector: dict[str, str] = Field(
         default_factory=dict, description="nodeSelector for every trainer pod (e.g. a node pool)."

@@ -8,7 +8,9 @@ from typing import Any
 
 import kopf
 
-from kembed_operator.kube import Kube
+from kubernetes.client.rest import ApiException
+
+from kembed_operator.kube import Kube, is_conflict
 from kembed_operator.observed import Observed
 from kembed_operator.settings import OperatorSettings
 
@@ -39,5 +41,17 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
     settings.peering.stealth = True
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    if not ours.standalone:
+        _ensure_peering(memo.kube, ours.peering_name)
     logger.info("kembed operator configured: peering %s (priority %d), trainer image %s",
                 "off" if ours.standalone else ours.peering_name, settings.peering.priority, ours.trainer_image)
+
+
+def _ensure_peering(kube: Kube, name: str) -> None:
+    """The ClusterKopfPeering the replicas elect through; created by whichever replica starts first."""
+    body = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}
+    try:
+        kube.custom.create_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", body)
+    except ApiException as error:
+        if not is_conflict(error):
+            raise

@@ -69,8 +69,10 @@ def network_policy(tenant: str) -> dict[str, Any]:
 
 def trainer_service_account(tenant: str, settings: OperatorSettings) -> dict[str, Any]:
     """No Role binds it and no token is mounted: trainers have no Kubernetes API rights at all."""
-    return {"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": _meta(settings.trainer_service_account, tenant), "automountServiceAccountToken": False}
+    meta = _meta(settings.trainer_service_account, tenant)
+    if settings.trainer_service_account_annotations:
+        meta["annotations"] = dict(settings.trainer_service_account_annotations)
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False}
 
 
 def s3_secret(tenant: str, source: dict[str, Any]) -> dict[str, Any]:
