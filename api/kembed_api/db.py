@@ -73,11 +73,13 @@ class Database:
             path = url.split("///", 1)[-1]
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self.engine: Engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+            self.engine: Engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
+                                                pool_size=20, max_overflow=40)
             event.listen(self.engine, "connect", _sqlite_pragmas)
             event.listen(self.engine, "begin", _sqlite_begin)
         else:
-            self.engine = create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+            # FastAPI runs sync routes on up to 40 threads; each holds at most one connection at a time.
+            self.engine = create_engine(url, pool_size=20, max_overflow=30, pool_pre_ping=True)
         self.is_sqlite = url.startswith("sqlite")
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self.engine.execution_options(kembed_write=True), expire_on_commit=False)

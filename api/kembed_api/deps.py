@@ -13,11 +13,12 @@ from sqlalchemy.orm import Session
 from kembed_api.admission import Quota
 from kembed_api.auth import service as auth_service
 from kembed_api.auth.roles import Action, Role, allowed
+from kembed_api.db import Database
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import ensure_tenant
 
 __all__ = [
-    "Admin", "BackendCapacity", "DbSession", "Principal", "Reader", "Submitter", "TokenManager", "WriteSession",
+    "Admin", "BackendCapacity", "Db", "DbSession", "Principal", "Reader", "Submitter", "TokenManager",
 ]
 
 _bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer kmb_...`")
@@ -28,13 +29,15 @@ def _db_session(request: Request) -> Iterator[Session]:
         yield session
 
 
-def _write_session(request: Request) -> Iterator[Session]:
-    with request.app.state.db.session(write=True) as session:
-        yield session
+def _database(request: Request) -> Database:
+    return request.app.state.db
 
 
+# Reads get a request-long session. Writes open `with db.session(write=True)` inside the route instead: that
+# releases SQLite's write lock in the route's own thread. Released in a dependency's teardown, it would wait for
+# a free worker thread while every worker waits for the lock.
 DbSession = Annotated[Session, Depends(_db_session)]
-WriteSession = Annotated[Session, Depends(_write_session)]
+Db = Annotated[Database, Depends(_database)]
 
 
 @dataclass(frozen=True)
@@ -47,16 +50,19 @@ class Principal:
 
 
 def _principal(
-    request: Request, session: DbSession, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Principal:
     settings = request.app.state.settings
-    if not settings.auth:
-        # Tokens switched off (a private single-user server): everyone is the default tenant's admin.
-        return Principal(tenant=ensure_tenant(session, name=settings.default_tenant), role=Role.PLATFORM_ADMIN)
-    if credentials is None:
+    if settings.auth and credentials is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing token: send `Authorization: Bearer <token>`",
                             headers={"WWW-Authenticate": "Bearer"})
-    found = auth_service.authenticate(session, secret=credentials.credentials)
+    # A session of its own, closed at once: a request must never hold two pooled connections, or concurrent
+    # requests each holding one and waiting for a second would drain the pool.
+    with request.app.state.db.session() as session:
+        if not settings.auth:
+            # Tokens switched off (a private single-user server): everyone is the default tenant's admin.
+            return Principal(tenant=ensure_tenant(session, name=settings.default_tenant), role=Role.PLATFORM_ADMIN)
+        found = auth_service.authenticate(session, secret=credentials.credentials)
     if found is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token",
                             headers={"WWW-Authenticate": "Bearer"})

@@ -4,10 +4,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from kembed_api.admission import Quota
+from kembed_api.app import create_app
 from kembed_api.backends.base import Exit, Launch
 from kembed_api.db import Database, upgrade_to_head
+from kembed_api.settings import Settings
 from kembed_api.spec import JobSpec
 
 
@@ -73,3 +76,24 @@ class FakeBackend:
 @pytest.fixture
 def backend():
     return FakeBackend()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request, tmp_path):
+    """Every HTTP test runs on both databases kembed supports (PostgreSQL: a real server, a fresh database)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'kembed.db'}"
+    return request.getfixturevalue("postgres_server").new_database()
+
+
+@pytest.fixture
+def api_client(tmp_path, backend, database_url):
+    """The app over HTTP (TestClient) with a real dispatcher and database, as the bootstrap platform admin."""
+    settings = Settings(data_dir=tmp_path, database_url=database_url, dispatch_interval_s=0.05)
+    with TestClient(create_app(settings, backend=backend)) as client:
+        client.headers["Authorization"] = f"Bearer {(tmp_path / 'admin-token').read_text().strip()}"
+        yield client
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}

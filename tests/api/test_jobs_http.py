@@ -6,21 +6,14 @@ The dispatcher runs for real; the backend is a fake that starts nothing (tests/e
 from __future__ import annotations
 
 import pytest
-from fastapi.testclient import TestClient
 
-from kembed_api.app import create_app
-from kembed_api.settings import Settings
 from tests.builders import make_spec
 
 
 @pytest.fixture
-def client(tmp_path, backend):
+def client(api_client, backend):
     backend.slots = 2
-    app = create_app(Settings(data_dir=tmp_path, dispatch_interval_s=0.05), backend=backend)
-    with TestClient(app) as test_client:
-        token = (tmp_path / "admin-token").read_text().strip()
-        test_client.headers["Authorization"] = f"Bearer {token}"
-        yield test_client
+    return api_client
 
 
 def test_submit_returns_201_with_id_state_and_a_checkpoint_under_the_tenant(client):

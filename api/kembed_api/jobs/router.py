@@ -6,9 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse
+from sqlalchemy import select
 
 from kembed_api import checkpoints
-from kembed_api.deps import BackendCapacity, DbSession, Reader, Submitter, WriteSession
+from kembed_api.deps import BackendCapacity, Db, DbSession, Reader, Submitter
 from kembed_api.jobs import service
 from kembed_api.jobs.models import Job
 from kembed_api.jobs.schemas import JobCreate, JobEventRead, JobList, JobMetricRead, JobRead, ReportRecord
@@ -41,7 +42,7 @@ def submit_job(
     spec: JobCreate,
     request: Request,
     response: Response,
-    session: WriteSession,
+    db: Db,
     principal: Submitter,
     capacity: BackendCapacity,
     idempotency_key: Annotated[
@@ -54,19 +55,20 @@ def submit_job(
     except ValueError as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(error)) from error
     try:
-        job, created = service.submit(
-            session, tenant=principal.tenant, spec=spec,
-            checkpoint_root=request.app.state.settings.resolved_checkpoint_root, idempotency_key=idempotency_key,
-        )
+        with db.session(write=True) as session:
+            job, created = service.submit(
+                session, tenant=principal.tenant, spec=spec,
+                checkpoint_root=request.app.state.settings.resolved_checkpoint_root, idempotency_key=idempotency_key,
+            )
     except service.CannotRun as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(error)) from error
     except service.QueueFull as error:
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, detail=str(error)) from error
-    session.commit()
     request.app.state.dispatcher.wake()
     if not created:
         response.status_code = status.HTTP_200_OK
-    return service.read_job(session, tenant=principal.tenant, job_id=job.id, capacity=capacity)
+    with db.session() as session:
+        return service.read_job(session, tenant=principal.tenant, job_id=job.id, capacity=capacity)
 
 
 @router.get("", response_model=JobList, responses=_AUTH, summary="List jobs, newest first")
@@ -101,16 +103,15 @@ def get_job(job_id: str, session: DbSession, principal: Reader, capacity: Backen
     responses={**_NOT_FOUND, **_AUTH},
     summary="Cancel a job (a running one saves a checkpoint first)",
 )
-def cancel_job(
-    job_id: str, request: Request, session: WriteSession, principal: Submitter, capacity: BackendCapacity
-) -> JobRead:
+def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, capacity: BackendCapacity) -> JobRead:
     try:
-        service.request_cancel(session, tenant=principal.tenant, job_id=job_id)
+        with db.session(write=True) as session:
+            service.request_cancel(session, tenant=principal.tenant, job_id=job_id)
     except service.JobNotFound:
         raise _not_found(job_id) from None
-    session.commit()
     request.app.state.dispatcher.wake()
-    return service.read_job(session, tenant=principal.tenant, job_id=job_id, capacity=capacity)
+    with db.session() as session:
+        return service.read_job(session, tenant=principal.tenant, job_id=job_id, capacity=capacity)
 
 
 @router.get(
@@ -172,16 +173,17 @@ def job_metrics(
 def report(
     job_id: str,
     record: ReportRecord,
-    session: WriteSession,
+    db: Db,
     authorization: Annotated[str | None, Header(description="Bearer <per-job report token>")] = None,
 ) -> Response:
-    # Trainers hold a token for their own job only, so the job is found by id alone, then the token is checked.
-    job = session.query(Job).filter(Job.id == job_id).with_for_update().one_or_none()
-    if job is None:
-        raise _not_found(job_id)
     token = (authorization or "").removeprefix("Bearer ").strip()
-    if not token or not service.verify_report_token(job, token):
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="invalid report token for this job",
-                            headers={"WWW-Authenticate": "Bearer"})
-    service.apply_report(session, job=job, record=record)
+    with db.session(write=True) as session:
+        # Trainers hold a token for their own job only, so the job is found by id alone, then the token checked.
+        job = session.scalar(select(Job).where(Job.id == job_id).with_for_update())
+        if job is None:
+            raise _not_found(job_id)
+        if not token or not service.verify_report_token(job, token):
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="invalid report token for this job",
+                                headers={"WWW-Authenticate": "Bearer"})
+        service.apply_report(session, job=job, record=record)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

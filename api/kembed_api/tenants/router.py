@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Response, status
+from fastapi import APIRouter, HTTPException, Request, Response, status
 
 from kembed_api.auth import service as auth_service
 from kembed_api.auth.models import ApiToken
 from kembed_api.auth.roles import Role
-from kembed_api.deps import Admin, DbSession, Principal, Reader, TokenManager, WriteSession
+from kembed_api.deps import Admin, Db, DbSession, Principal, Reader, TokenManager
 from kembed_api.tenants import service
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.schemas import (
@@ -39,12 +39,12 @@ def _tenant_for(principal: Principal, session, name: str) -> Tenant:
 
 @router.post("/v1/tenants", response_model=TenantRead, status_code=status.HTTP_201_CREATED,
              responses={409: {"description": "A tenant of that name exists."}}, summary="Create a tenant")
-def create_tenant(body: TenantCreate, session: WriteSession, _: Admin) -> TenantRead:
+def create_tenant(body: TenantCreate, db: Db, _: Admin) -> TenantRead:
     try:
-        tenant = service.create_tenant(session, name=body.name, quota=body.quota)
+        with db.session(write=True) as session:
+            return service.to_read(service.create_tenant(session, name=body.name, quota=body.quota))
     except service.TenantExists as error:
         raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
-    return service.to_read(tenant)
 
 
 @router.get("/v1/tenants", response_model=TenantList, summary="List tenants")
@@ -58,10 +58,13 @@ def get_tenant(name: str, session: DbSession, principal: Reader) -> TenantRead:
 
 
 @router.patch("/v1/tenants/{name}", response_model=TenantRead, responses=_NOT_FOUND, summary="Set a tenant's quota")
-def update_tenant(name: str, body: TenantUpdate, session: WriteSession, principal: Admin) -> TenantRead:
-    tenant = _tenant_for(principal, session, name)
-    service.set_quota(tenant, body.quota)
-    return service.to_read(tenant)
+def update_tenant(name: str, body: TenantUpdate, request: Request, db: Db, principal: Admin) -> TenantRead:
+    with db.session(write=True) as session:
+        tenant = _tenant_for(principal, session, name)
+        service.set_quota(tenant, body.quota)
+        read = service.to_read(tenant)
+    request.app.state.dispatcher.wake()  # a larger quota may admit waiting jobs now
+    return read
 
 
 @router.get("/v1/tenants/{name}/usage", response_model=Usage, responses=_NOT_FOUND,
@@ -84,13 +87,14 @@ def _token_read(token: ApiToken) -> TokenRead:
 @router.post("/v1/tenants/{name}/tokens", response_model=TokenCreated, status_code=status.HTTP_201_CREATED,
              responses={**_NOT_FOUND, 403: {"description": "Only platform admins mint platform-admin tokens."}},
              summary="Create a token (its secret is shown once)")
-def create_token(name: str, body: TokenCreate, session: WriteSession, principal: TokenManager) -> TokenCreated:
-    tenant = _tenant_for(principal, session, name)
+def create_token(name: str, body: TokenCreate, db: Db, principal: TokenManager) -> TokenCreated:
     if body.role is Role.PLATFORM_ADMIN and principal.role is not Role.PLATFORM_ADMIN:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "only a platform-admin may create platform-admin tokens")
-    token, secret = auth_service.create_token(session, tenant=tenant, name=body.name, role=body.role,
-                                              expires_at=body.expires_at)
-    return TokenCreated(**_token_read(token).model_dump(), token=secret)
+    with db.session(write=True) as session:
+        tenant = _tenant_for(principal, session, name)
+        token, secret = auth_service.create_token(session, tenant=tenant, name=body.name, role=body.role,
+                                                  expires_at=body.expires_at)
+        return TokenCreated(**_token_read(token).model_dump(), token=secret)
 
 
 @router.get("/v1/tenants/{name}/tokens", response_model=TokenList, responses=_NOT_FOUND,
@@ -102,8 +106,9 @@ def list_tokens(name: str, session: DbSession, principal: TokenManager) -> Token
 
 @router.delete("/v1/tenants/{name}/tokens/{token_id}", status_code=status.HTTP_204_NO_CONTENT,
                responses=_NOT_FOUND, summary="Revoke a token")
-def revoke_token(name: str, token_id: int, session: WriteSession, principal: TokenManager) -> Response:
-    tenant = _tenant_for(principal, session, name)
-    if auth_service.revoke_token(session, tenant=tenant, token_id=token_id) is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"token {token_id} not found")
+def revoke_token(name: str, token_id: int, db: Db, principal: TokenManager) -> Response:
+    with db.session(write=True) as session:
+        tenant = _tenant_for(principal, session, name)
+        if auth_service.revoke_token(session, tenant=tenant, token_id=token_id) is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"token {token_id} not found")
     return Response(status_code=status.HTTP_204_NO_CONTENT)

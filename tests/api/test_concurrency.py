@@ -1,0 +1,113 @@
+"""Admission never over-admits: 50 concurrent submissions over real HTTP, on SQLite and on PostgreSQL, and with
+two API replicas sharing one PostgreSQL database (each with its own dispatcher)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import uvicorn
+from sqlalchemy import create_engine, func, select
+
+from kembed_api.app import create_app
+from kembed_api.jobs.models import Job
+from kembed_api.settings import Settings
+from kembed_api.spec import ACTIVE_STATES
+from tests.api.conftest import FakeBackend, bearer
+from tests.builders import make_spec
+
+QUOTA_CPU = 5
+
+
+class ThreadedServer:
+    """A real uvicorn server for `app` on a free port of 127.0.0.1, in a thread of the test process."""
+
+    def __init__(self, app) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ThreadedServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def _active_cpu(engine) -> float:
+    with engine.connect() as connection:
+        return connection.execute(
+            select(func.coalesce(func.sum(Job.cpu), 0.0)).where(Job.state.in_([s.value for s in ACTIVE_STATES]))
+        ).scalar()
+
+
+@pytest.mark.parametrize(
+    ("database", "replicas"),
+    [pytest.param("sqlite", 1, id="sqlite"), pytest.param("postgres", 1, id="postgres"),
+     pytest.param("postgres", 2, id="postgres-two-replicas")],
+)
+def test_quota_is_never_exceeded_under_50_concurrent_submissions(request, tmp_path, database, replicas):
+    url = (f"sqlite:///{tmp_path / 'kembed.db'}" if database == "sqlite"
+           else request.getfixturevalue("postgres_server").new_database())
+    backend = FakeBackend(slots=10_000)  # one shared place to run (like one cluster): only the quota limits
+    apps = [create_app(Settings(data_dir=tmp_path, database_url=url, dispatch_interval_s=0.02), backend=backend)
+            for _ in range(replicas)]
+    engine = create_engine(url)
+    peak, watching = [0.0], threading.Event()
+
+    def watch() -> None:  # samples what is admitted, from the database, all through the test
+        while not watching.is_set():
+            peak[0] = max(peak[0], _active_cpu(engine))
+            time.sleep(0.01)
+
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(ThreadedServer(app)) for app in apps]
+        first, second = servers[0], servers[-1]
+        admin = bearer((tmp_path / "admin-token").read_text().strip())
+        assert httpx.post(f"{first.url}/v1/tenants", headers=admin,
+                          json={"name": "team", "quota": {"cpu": QUOTA_CPU}}).status_code == 201
+        token = bearer(httpx.post(f"{first.url}/v1/tenants/team/tokens", headers=admin,
+                                  json={"name": "ci", "role": "member"}).json()["token"])
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+
+        def submit(i: int) -> int:
+            server = (first, second)[i % 2]
+            spec = make_spec(f"job-{i}").build()
+            return httpx.post(f"{server.url}/v1/jobs", json=spec, headers=token, timeout=60).status_code
+
+        with ThreadPoolExecutor(max_workers=50) as pool:
+            assert sorted(pool.map(submit, range(50))) == [201] * 50
+
+        def settled(expected_started: int) -> None:
+            deadline = time.monotonic() + 30
+            while len(backend.started) < expected_started:
+                assert time.monotonic() < deadline, f"only {len(backend.started)} started"
+                time.sleep(0.05)
+            time.sleep(0.5)  # several more passes: nothing else may be admitted
+
+        settled(QUOTA_CPU)
+        assert len(backend.started) == QUOTA_CPU and _active_cpu(engine) == QUOTA_CPU
+        for launch in backend.started[:3]:  # three jobs end: exactly three more start
+            backend.finish(launch.job_id)
+        settled(QUOTA_CPU + 3)
+        assert len(backend.started) == QUOTA_CPU + 3 and _active_cpu(engine) == QUOTA_CPU
+        assert len({launch.job_id for launch in backend.started}) == QUOTA_CPU + 3  # nothing started twice
+
+        watching.set()
+        watcher.join()
+    assert peak[0] <= QUOTA_CPU
