@@ -1,0 +1,258 @@
+"""Running the operator against the test control plane exactly as the Helm chart installs it.
+
+The operator is a real `python -m kembed_operator` process that authenticates as the chart's operator
+ServiceAccount (a token from the TokenRequest API, with only the chart's RBAC rules), so any missing permission
+fails the tests. Builders for Tenants and EmbeddingJobs, and waits on their status, live here too.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kembed_api import resources
+from kembed_api.spec import TERMINAL_STATES, JobSpec
+from tests.cluster.fixture import Cluster, wait_for
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "kembed"
+PLATFORM_NAMESPACE = "kembed-system"
+RELEASE = "kembed"
+OPERATOR_SA = f"{RELEASE}-operator"
+S3_SOURCE_SECRET = "kembed-s3-credentials"
+TINY_TRAINER = yaml.safe_load((REPO / "trainer_image/examples/dlrm-tiny.yaml").read_text())
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+TERMINAL = {s.value for s in TERMINAL_STATES}
+
+
+def install_platform(cluster: Cluster) -> None:
+    """CRDs, the operator's ServiceAccount and RBAC from the chart, and an S3 credentials Secret to copy."""
+    crds = yaml.safe_dump_all(resources.render_crds())
+    subprocess.run([str(cluster.kubectl_path), "apply", "--server-side", "-f", "-"], input=crds, text=True,
+                   env=cluster.env, check=True, capture_output=True)
+    if not _exists(lambda: cluster.core().read_namespace(PLATFORM_NAMESPACE)):
+        cluster.create_namespace(PLATFORM_NAMESPACE)
+    rendered = cluster.helm(
+        "template", RELEASE, str(CHART), "--namespace", PLATFORM_NAMESPACE, "--kube-version", "1.35.4",
+        "--set", "s3.bucket=kembed-test", "--set", f"s3.credentials.existingSecret={S3_SOURCE_SECRET}",
+        "--show-only", "templates/operator-rbac.yaml", "--show-only", "templates/crds/crd-clusterkopfpeerings.yaml",
+    ).stdout
+    subprocess.run([str(cluster.kubectl_path), "apply", "-n", PLATFORM_NAMESPACE, "-f", "-"], input=rendered,
+                   text=True, env=cluster.env, check=True, capture_output=True)
+    secret = {"metadata": {"name": S3_SOURCE_SECRET},
+              "stringData": {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}}
+    if not _exists(lambda: cluster.core().read_namespaced_secret(S3_SOURCE_SECRET, PLATFORM_NAMESPACE)):
+        cluster.core().create_namespaced_secret(PLATFORM_NAMESPACE, secret)
+
+
+def service_account_kubeconfig(cluster: Cluster, path: pathlib.Path) -> pathlib.Path:
+    """A kubeconfig that *is* the operator's ServiceAccount (bearer token), not the admin."""
+    token = cluster.core().create_namespaced_service_account_token(
+        OPERATOR_SA, PLATFORM_NAMESPACE, {"spec": {"expirationSeconds": 24 * 3600}}).status.token
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    admin["users"] = [{"name": OPERATOR_SA, "user": {"token": token}}]
+    admin["contexts"][0]["context"]["user"] = OPERATOR_SA
+    path.write_text(json.dumps(admin))
+    path.chmod(0o600)
+    return path
+
+
+class OperatorProcess:
+    """One operator replica as a child process, with its log in a file."""
+
+    def __init__(self, cluster: Cluster, work_dir: pathlib.Path, name: str = "operator", **settings: Any) -> None:
+        self.cluster, self.name = cluster, name
+        self.log_path = work_dir / f"{name}-{uuid.uuid4().hex[:6]}.log"
+        self.kubeconfig = service_account_kubeconfig(cluster, work_dir / f"{name}.kubeconfig")
+        defaults = {
+            "namespace": PLATFORM_NAMESPACE, "peering_name": "kembed-test", "peering_lifetime_s": 15,
+            "health_port": 0, "s3_credentials_secret": S3_SOURCE_SECRET,
+            # Every fake node is a tainted GPU node: CPU-only jobs need the toleration too.
+            "trainer_tolerations": [GPU_TOLERATION],
+            "unschedulable_timeout_s": 4, "image_pull_timeout_s": 4, "rendezvous_timeout_s": 30,
+            "ttl_after_finished_s": 3600, "resync_interval_s": 2, "progress_interval_s": 2,
+            "gang_failure_settle_s": 3, "stop_grace_s": 20, "tenant_delete_retry_s": 1,
+        }
+        self.settings = {**defaults, **settings}
+        self.process: subprocess.Popen | None = None
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KEMBED_OPERATOR_")}
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        for key, value in self.settings.items():
+            env[f"KEMBED_OPERATOR_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+        return env
+
+    def start(self) -> OperatorProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it until stopped
+        self.process = subprocess.Popen([sys.executable, "-m", "kembed_operator"], env=self.env(), stdout=log,
+                                        stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+        log.close()
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill9(self) -> None:
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.alive():
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def forbidden_lines(self) -> list[str]:
+        """Lines where the API server refused the operator something: the chart's RBAC lacks a rule."""
+        return [line for line in self.log().splitlines() if "403" in line and "orbidden" in line]
+
+
+# ------------------------------------------------------------------------------------------------ builders
+def tenant_name() -> str:
+    return f"t{uuid.uuid4().hex[:8]}"
+
+
+def create_tenant(cluster: Cluster, name: str, *, gpus: int = 32, cpu: str = "400", memory: str = "2000Gi",
+                  max_running_jobs: int = 200) -> str:
+    spec = resources.TenantSpec(
+        quota=resources.TenantQuota(gpus=gpus, cpu=cpu, memory=memory, max_running_jobs=max_running_jobs),
+        s3=resources.TenantS3(prefix=f"s3://kembed-test/{name}"))
+    custom(cluster).create_cluster_custom_object(resources.GROUP, resources.VERSION, resources.TENANT_PLURAL,
+                                                  resources.tenant_manifest(name, spec))
+    wait_for(lambda: (read_tenant(cluster, name).get("status") or {}).get("phase") == "Ready", timeout_s=30,
+             what=f"tenant {name} Ready")
+    return resources.tenant_namespace(name)
+
+
+class JobBuilder:
+    """`JobBuilder("demo").nodes(2).gpus(1).labels(...).manifest(tenant)` (Kueue's wrappers)."""
+
+    def __init__(self, name: str = "job") -> None:
+        self.spec: dict[str, Any] = {"name": name, "resources": {"nodes": 1, "gpus_per_node": 1},
+                                     "max_restarts": 2, "trainer": copy.deepcopy(TINY_TRAINER)}
+        self.job_id = f"{name}-{uuid.uuid4().hex[:5]}"
+        self.extra: dict[str, Any] = {}
+
+    def nodes(self, count: int) -> JobBuilder:
+        self.spec["resources"]["nodes"] = count
+        return self
+
+    def gpus(self, per_node: int) -> JobBuilder:
+        self.spec["resources"]["gpus_per_node"] = per_node
+        self.spec["resources"].pop("procs_per_node", None)
+        return self
+
+    def cpu_only(self, procs_per_node: int = 1, cpu: float = 1.0, memory: str = "1Gi") -> JobBuilder:
+        self.spec["resources"].update(gpus_per_node=0, procs_per_node=procs_per_node, cpu_per_node=cpu,
+                                      memory_per_node=memory)
+        return self
+
+    def max_restarts(self, count: int) -> JobBuilder:
+        self.spec["max_restarts"] = count
+        return self
+
+    def labels(self, **labels: str) -> JobBuilder:
+        """Pod labels: the test stages of the fake nodes read them (kembed.io/test-fail-exit-code etc.)."""
+        self.spec["labels"] = {k.replace("__", "/").replace("_", "-"): v for k, v in labels.items()}
+        return self
+
+    def trainer(self, **sections: Any) -> JobBuilder:
+        for section, values in sections.items():
+            self.spec["trainer"].setdefault(section, {}).update(values)
+        return self
+
+    def image(self, image: str) -> JobBuilder:
+        self.spec["image"] = image
+        return self
+
+    def manifest(self, tenant: str) -> dict[str, Any]:
+        manifest = resources.embedding_job_manifest(self.job_id, tenant, JobSpec.model_validate(self.spec))
+        manifest["spec"].update(self.extra)
+        return manifest
+
+    def create(self, cluster: Cluster, tenant: str) -> str:
+        manifest = self.manifest(tenant)
+        custom(cluster).create_namespaced_custom_object(resources.GROUP, resources.VERSION,
+                                                        manifest["metadata"]["namespace"],
+                                                        resources.EMBEDDING_JOB_PLURAL, manifest)
+        return self.job_id
+
+
+def fail_with(code: int) -> dict[str, str]:
+    return {"kembed.io/test-fail-exit-code": str(code)}
+
+
+RUN_FOREVER = {"kembed.io/test-run-forever": "true"}
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def custom(cluster: Cluster) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(cluster._shared_client())
+
+
+def read_tenant(cluster: Cluster, name: str) -> dict[str, Any]:
+    return custom(cluster).get_cluster_custom_object(resources.GROUP, resources.VERSION, resources.TENANT_PLURAL,
+                                                     name)
+
+
+def read_job(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    return custom(cluster).get_namespaced_custom_object(resources.GROUP, resources.VERSION, namespace,
+                                                        resources.EMBEDDING_JOB_PLURAL, name)
+
+
+def patch_job_spec(cluster: Cluster, namespace: str, name: str, **fields: Any) -> None:
+    custom(cluster).patch_namespaced_custom_object(resources.GROUP, resources.VERSION, namespace,
+                                                   resources.EMBEDDING_JOB_PLURAL, name, {"spec": fields},
+                                                   _content_type="application/merge-patch+json")
+
+
+def job_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    return read_job(cluster, namespace, name).get("status") or {}
+
+
+def wait_phase(cluster: Cluster, namespace: str, name: str, *phases: str, timeout_s: float = 60) -> dict[str, Any]:
+    def reached():
+        status = job_status(cluster, namespace, name)
+        return status if status.get("phase") in phases else None
+
+    try:
+        return wait_for(reached, timeout_s=timeout_s, interval_s=0.3, what=f"job {name} in {phases}")
+    except TimeoutError as error:
+        raise TimeoutError(f"{error}; last status: {job_status(cluster, namespace, name)}") from None
+
+
+def job_pods(cluster: Cluster, namespace: str, name: str) -> list[client.V1Pod]:
+    return cluster.core().list_namespaced_pod(namespace, label_selector=f"kembed.io/job={name}").items
+
+
+def events_of(cluster: Cluster, namespace: str, name: str) -> list[client.CoreV1Event]:
+    return cluster.core().list_namespaced_event(
+        namespace, field_selector=f"involvedObject.kind=EmbeddingJob,involvedObject.name={name}").items
+
+
+def _exists(read) -> bool:
+    try:
+        read()
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True

@@ -1,0 +1,45 @@
+"""The CRDs are generated from the pydantic models; the committed chart files must be exactly what they generate."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from kembed_api import resources
+
+CHART = pathlib.Path(__file__).resolve().parents[2] / "helm" / "kembed"
+
+
+@pytest.mark.parametrize("name", sorted(resources.chart_crd_templates()))
+def test_committed_crd_templates_match_the_models(name: str):
+    generated = resources.chart_crd_templates()[name]
+    committed = (CHART / "templates" / "crds" / name).read_text()
+    assert committed == generated, (
+        f"helm/kembed/templates/crds/{name} drifted from api/kembed_api/resources.py: run `make manifests`")
+
+
+def test_the_job_schema_has_every_spec_field_and_no_unions():
+    job_crd = {crd["spec"]["names"]["kind"]: crd for crd in resources.render_crds()}["EmbeddingJob"]
+    schema = job_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    spec = schema["properties"]["spec"]["properties"]
+    assert set(resources.EmbeddingJobSpec.model_fields) <= set(spec)
+    assert spec["trainer"]["properties"]["model"]["properties"]["kind"]["enum"] == ["dlrm", "two_tower", "word2vec"]
+    text = repr(schema)
+    assert "$ref" not in text and "anyOf" not in text and "oneOf" not in text and "const" not in text
+
+
+def test_the_manifest_the_api_creates_round_trips_through_the_models():
+    from kembed_api.spec import JobSpec
+
+    spec = JobSpec.model_validate({"name": "demo", "resources": {"nodes": 2, "gpus_per_node": 8},
+                                   "trainer": {"embeddings": {"tables": [{"name": "t", "num_embeddings": 10,
+                                                                          "embedding_dim": 16, "features": ["f"]}]},
+                                               "training": {"steps": 10, "batch_size": 8}}})
+    manifest = resources.embedding_job_manifest("demo-x1y2z", "acme", spec, report_url="http://api:8080",
+                                                report_token_secret="demo-x1y2z-token")
+    assert manifest["metadata"]["namespace"] == "kembed-acme"
+    back = resources.EmbeddingJobSpec.model_validate(manifest["spec"])
+    assert back.job_spec() == spec and back.report_token_secret == "demo-x1y2z-token" and not back.cancel
+    with pytest.raises(ValueError, match="DNS label"):
+        resources.embedding_job_manifest("Demo_1", "acme", spec)
