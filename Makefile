@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 export PIP_CACHE_DIR ?= $(HOME)/.cache/kembed/pip
 export KEMBED_CACHE ?= $(HOME)/.cache/kembed
 
-.PHONY: install demo test lint clean cluster-bins
+.PHONY: install demo test lint clean cluster-bins manifests
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -24,6 +24,10 @@ test: install cluster-bins
 # The test Kubernetes control plane (etcd, kube-*, kwok, helm) built from Go modules into $(KEMBED_CACHE)/bin.
 cluster-bins:
 	bash tests/cluster/build.sh
+
+# The CRDs in the Helm chart, generated from the pydantic models (tests/operator/test_manifests.py checks drift).
+manifests: install
+	$(BIN)/python -m kembed_api.resources --chart helm/kembed
 
 lint: install
 	$(BIN)/ruff check .
