@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import pathlib
 import shutil
@@ -168,6 +169,49 @@ class Cluster:
     def delete_namespace(self, name: str) -> None:
         with contextlib.suppress(ApiException):
             self.core().delete_namespace(name)
+
+    # -- identities other than admin --
+    def service_account_kubeconfig(
+        self, namespace: str, name: str, *, expiration_s: int = 3600
+    ) -> pathlib.Path:
+        """A kubeconfig that acts as ServiceAccount `namespace/name` (a TokenRequest token), so a test can run
+        a process (the operator, say) with exactly the RBAC rights that a chart or a Role grants."""
+        token = self.core().create_namespaced_service_account_token(
+            name, namespace, {"spec": {"expirationSeconds": expiration_s}}
+        )
+        user = f"system:serviceaccount:{namespace}:{name}"
+        path = self.run_dir / "service-accounts" / f"{namespace}.{name}.kubeconfig"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "kembed-test",
+                            "cluster": {
+                                "server": self.server,
+                                "certificate-authority": str(self.plane.pki.ca_cert),
+                            },
+                        }
+                    ],
+                    "users": [{"name": user, "user": {"token": token.status.token}}],
+                    "contexts": [
+                        {"name": "kembed-test", "context": {"cluster": "kembed-test", "user": user}}
+                    ],
+                    "current-context": "kembed-test",
+                }
+            )
+        )
+        path.chmod(0o600)
+        return path
+
+    def service_account_client(self, namespace: str, name: str) -> client.ApiClient:
+        """A new ApiClient acting as ServiceAccount `namespace/name`."""
+        return config.new_client_from_config(
+            config_file=str(self.service_account_kubeconfig(namespace, name))
+        )
 
     # -- pods on the local node (really run by tests/cluster/kubelet.py) --
     @staticmethod

@@ -7,6 +7,7 @@ import signal
 import textwrap
 
 import pytest
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.cluster import controlplane
@@ -114,6 +115,44 @@ def test_run_forever_label_keeps_a_fake_pod_running(cluster: Cluster, namespace:
         cluster.wait_pod_phase(namespace, "forever", timeout_s=3)
 
 
+def test_rbac_governs_a_service_account(cluster: Cluster, namespace: str):
+    core = cluster.core()
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "reader"}})
+    reader = client.CoreV1Api(cluster.service_account_client(namespace, "reader"))
+    with pytest.raises(ApiException) as forbidden:
+        reader.list_namespaced_pod(namespace)
+    assert forbidden.value.status == 403
+
+    rbac = client.RbacAuthorizationV1Api(cluster.api_client())
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "pod-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "reader-reads-pods"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
+        },
+    )
+    def allowed():
+        try:
+            return reader.list_namespaced_pod(namespace) is not None
+        except ApiException as error:
+            if error.status != 403:
+                raise
+            return False  # the RBAC authorizer sees a new binding within moments, not at once
+
+    wait_for(allowed, timeout_s=10, what="the RoleBinding to take effect")
+    with pytest.raises(ApiException) as still_forbidden:
+        reader.list_namespaced_pod("default")
+    assert still_forbidden.value.status == 403
+
+
 def test_local_pod_runs_python_for_real_and_reports_exit_code_and_logs(cluster: Cluster, namespace: str):
     script = "import os, sys; print('hello from', os.environ['POD_NAME'], 'in', sys.prefix); sys.exit(3)"
     pod = cluster.local_pod("hello", ["python", "-c", script])
@@ -212,7 +251,7 @@ def test_deleting_a_local_pod_sends_sigterm_to_its_processes(cluster: Cluster, n
     core = cluster.core()
     core.create_namespaced_pod(namespace, cluster.local_pod("sleeper", ["python", "-c", script]))
     cluster.wait_pod_phase(namespace, "sleeper", ("Running",), timeout_s=60)
-    wait_for(lambda: "ready" in cluster.pod_log(namespace, "sleeper"), timeout_s=30, what="ready")
+    wait_for(lambda: "ready" in cluster.pod_log(namespace, "sleeper"), timeout_s=60, what="ready")
 
     core.delete_namespaced_pod("sleeper", namespace, grace_period_seconds=20)
 
@@ -223,7 +262,7 @@ def test_deleting_a_local_pod_sends_sigterm_to_its_processes(cluster: Cluster, n
             return error.status == 404
         return False
 
-    wait_for(gone, timeout_s=30, what="pod sleeper removed by the kubelet")
+    wait_for(gone, timeout_s=60, what="pod sleeper removed by the kubelet")
     assert marker.read_text() == str(int(signal.SIGTERM))
 
 
