@@ -23,6 +23,7 @@ __all__ = [
     "parse_quantity",
 ]
 
+_MAX_STEPS = 2**31 - 1  # progress is stored as 32-bit integers
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T|m)?$")
 _QUANTITY_FACTORS = {
@@ -76,8 +77,8 @@ class Resources(BaseModel):
     @field_validator("memory_per_node")
     @classmethod
     def _memory_is_quantity(cls, value: str) -> str:
-        if parse_quantity(value) <= 0:
-            raise ValueError("must be more than zero")
+        if not 0 < parse_quantity(value) <= 2**50:
+            raise ValueError("must be more than zero and at most 1Pi")
         return value
 
     @model_validator(mode="after")
@@ -127,6 +128,12 @@ class JobSpec(BaseModel):
     image: str | None = Field(None, description="Trainer image (Kubernetes backend); the platform default if unset.")
     labels: dict[str, str] = Field(default_factory=dict, description="Free-form labels shown with the job.")
     trainer: TrainerConfig = Field(description="The trainer's configuration (see docs/job-spec.md).")
+
+    @model_validator(mode="after")
+    def _steps_are_storable(self) -> JobSpec:
+        if self.trainer.training.steps > _MAX_STEPS:
+            raise ValueError(f"trainer.training.steps: at most {_MAX_STEPS}")
+        return self
 
     @field_validator("name")
     @classmethod

@@ -4,48 +4,22 @@ two API replicas sharing one PostgreSQL database (each with its own dispatcher).
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import uvicorn
 from sqlalchemy import create_engine, func, select
 
 from kembed_api.app import create_app
 from kembed_api.jobs.models import Job
 from kembed_api.settings import Settings
 from kembed_api.spec import ACTIVE_STATES
-from tests.api.conftest import FakeBackend, bearer
+from tests.api.conftest import FakeBackend, ThreadedServer, bearer
 from tests.builders import make_spec
 
 QUOTA_CPU = 5
-
-
-class ThreadedServer:
-    """A real uvicorn server for `app` on a free port of 127.0.0.1, in a thread of the test process."""
-
-    def __init__(self, app) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> ThreadedServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 def _active_cpu(engine) -> float:

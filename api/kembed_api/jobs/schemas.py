@@ -95,5 +95,5 @@ class ReportRecord(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     event: str = Field(max_length=32)
-    step: int = Field(ge=0)
+    step: int = Field(ge=0, le=2**31 - 1)
     time: float | None = None

@@ -24,19 +24,22 @@ class QuotaSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={
         "examples": [{"gpus": 16, "cpu": 64, "memory": "256Gi", "max_running_jobs": 4, "max_queued_jobs": 100}]})
 
-    gpus: Annotated[int, Field(ge=0)] | None = Field(None, description="GPUs all running jobs may hold together.")
-    cpu: Annotated[float, Field(ge=0)] | None = Field(None, description="CPU cores all running jobs may hold.")
+    # Upper bounds keep every value storable (32-bit integers in PostgreSQL) and far above any real cluster.
+    gpus: Annotated[int, Field(ge=0, le=1_000_000)] | None = Field(
+        None, description="GPUs all running jobs may hold together.")
+    cpu: Annotated[float, Field(ge=0, le=100_000_000)] | None = Field(
+        None, description="CPU cores all running jobs may hold.")
     memory: str | None = Field(None, description="Memory all running jobs may hold (a quantity, e.g. 256Gi).")
-    max_running_jobs: Annotated[int, Field(ge=0)] | None = None
-    max_queued_jobs: Annotated[int, Field(ge=0)] | None = Field(
+    max_running_jobs: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    max_queued_jobs: Annotated[int, Field(ge=0, le=1_000_000)] | None = Field(
         None, description="Jobs waiting at once; a submission beyond it is refused with 429."
     )
 
     @field_validator("memory")
     @classmethod
     def _memory_is_quantity(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_quantity(value)
+        if value is not None and not 0 <= parse_quantity(value) <= 2**62:
+            raise ValueError("must be between 0 and 4Ei")
         return value
 
 
