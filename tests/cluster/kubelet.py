@@ -703,15 +703,20 @@ class Kubelet:
         with self.workers_lock:
             worker = self.workers.get(uid)
             if worker is None:
-                if deleted or pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                if deleted:
                     return
-                if pod["metadata"].get("deletionTimestamp"):
+                if pod["metadata"].get("deletionTimestamp"):  # nothing of it runs here (a kubelet restart)
                     self.finish_deletion(pod)
+                    return
+                if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
                     return
                 worker = self.workers[uid] = PodWorker(self, pod)
                 worker.start()
                 return
             worker.pod = pod
+            if deleted and not worker.is_alive():
+                del self.workers[uid]
+                return
         if deleted or pod["metadata"].get("deletionTimestamp"):
             grace = pod["metadata"].get("deletionGracePeriodSeconds")
             worker.stop(30.0 if grace is None else float(grace))

@@ -139,6 +139,7 @@ def test_rbac_governs_a_service_account(cluster: Cluster, namespace: str):
             "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
         },
     )
+
     def allowed():
         try:
             return reader.list_namespaced_pod(namespace) is not None
