@@ -33,7 +33,11 @@ def _make_backend(settings: Settings) -> Backend:
     if settings.backend is BackendKind.local:
         return LocalBackend(data_dir=settings.data_dir, slots=settings.local_slots,
                             stop_grace_s=settings.stop_grace_s)
-    raise ValueError(f"backend {settings.backend.value!r} is not available in this build")
+    from kembed_api.backends.kubernetes import (
+        KubernetesBackend,  # imports the kubernetes client only when used
+    )
+
+    return KubernetesBackend()
 
 
 def _bootstrap(settings: Settings, db: Database) -> None:

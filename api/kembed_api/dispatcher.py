@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from kembed_api.admission import Demand, shortfall
-from kembed_api.backends.base import Backend, Launch
+from kembed_api.backends.base import Backend, Launch, NotReady
 from kembed_api.db import Database, utcnow
 from kembed_api.jobs import service
 from kembed_api.jobs.models import Job
@@ -138,11 +138,21 @@ class Dispatcher:
         tenant = session.get(Tenant, job.tenant_id)
         spec = JobSpec.model_validate(job.spec)
         resuming = job.state == JobState.RESTARTING
-        job.report_token_hash = token_hash
-        job.backend_state = self.backend.start(
-            Launch(job_id=job.id, tenant=tenant.name, spec=spec, attempt=job.restart_count + 1,
-                   report_url=f"{self.public_url}/v1/jobs/{job.id}/reports", report_token=token)
-        )
+        try:
+            if job.restart_count == 0 and not resuming:
+                self.backend.sync_tenant(tenant.name, quota_of(tenant))
+            backend_state = self.backend.start(
+                Launch(job_id=job.id, tenant=tenant.name, spec=spec, attempt=job.restart_count + 1,
+                       report_url=f"{self.public_url}/v1/jobs/{job.id}/reports", report_token=token)
+            )
+        except NotReady as error:
+            job.message = f"admitted; waiting to start: {error}"  # retried on the next pass
+            return
+        except Exception as error:  # one job's trouble must not undo the whole pass for every other job
+            log.warning("starting %s failed; retrying on the next pass", job.id, exc_info=True)
+            job.message = f"admitted; starting failed, retrying: {error}"[:2000]
+            return
+        job.report_token_hash, job.backend_state = token_hash, backend_state
         processes = f"{spec.resources.num_processes} trainer processes on {spec.resources.nodes} node(s)"
         if resuming:
             service.transition(session, job, JobState.RUNNING, reason="Resumed",

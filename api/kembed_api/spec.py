@@ -25,10 +25,10 @@ __all__ = [
 
 _MAX_STEPS = 2**31 - 1  # progress is stored as 32-bit integers
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T|m)?$")
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$")
 _QUANTITY_FACTORS = {
-    None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+    None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
 }
 
 
@@ -117,7 +117,8 @@ class JobSpec(BaseModel):
         },
     )
 
-    name: Annotated[str, Field(min_length=1, max_length=48)] = Field(
+    # 46: the job id (name + "-" + 5 characters) names Kubernetes objects and pod host names (at most 52).
+    name: Annotated[str, Field(min_length=1, max_length=46)] = Field(
         description="DNS label (lowercase letters, digits, '-'); the job id is the name plus a random suffix."
     )
     priority: int = Field(0, ge=-1000, le=1000, description="Higher runs first within a tenant's queue.")

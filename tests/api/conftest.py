@@ -48,6 +48,9 @@ class FakeBackend:
     def capacity(self) -> Quota:
         return Quota(max_processes=self.slots)
 
+    def sync_tenant(self, name: str, quota: Quota) -> None:
+        pass
+
     def start(self, launch: Launch) -> dict[str, Any]:
         self.started.append(launch)
         return {"attempt": launch.attempt}

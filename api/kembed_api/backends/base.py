@@ -8,7 +8,11 @@ from typing import Any, Protocol
 from kembed_api.admission import Quota
 from kembed_api.spec import JobSpec
 
-__all__ = ["Backend", "Exit", "Launch"]
+__all__ = ["Backend", "Exit", "Launch", "NotReady"]
+
+
+class NotReady(Exception):
+    """The backend cannot start the job yet (e.g. its namespace is still being made); try again later."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,9 @@ class Exit:
 class Backend(Protocol):
     def check_fits(self, spec: JobSpec) -> None:
         """Raise ValueError saying why, if this job could never run here (too big for any capacity)."""
+
+    def sync_tenant(self, name: str, quota: Quota) -> None:
+        """Make the backend's view of a tenant match the API's (its Kubernetes Tenant); may do nothing."""
 
     def capacity(self) -> Quota:
         """What all admitted jobs together may hold here (unlimited where the cluster itself enforces it)."""

@@ -86,6 +86,9 @@ class LocalBackend:
     def capacity(self) -> Quota:
         return Quota(max_processes=self.slots)
 
+    def sync_tenant(self, name: str, quota: Quota) -> None:
+        pass  # tenants need nothing on this machine
+
     # ------------------------------------------------------------------------------------------- lifecycle
     def _job_dir(self, job_id: str) -> Path:
         return self.data_dir / "jobs" / job_id

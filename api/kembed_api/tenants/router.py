@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter, HTTPException, Request, Response, status
 
 from kembed_api.auth import service as auth_service
@@ -23,6 +25,7 @@ from kembed_api.tenants.schemas import (
 )
 
 router = APIRouter(tags=["tenants"])
+log = logging.getLogger(__name__)
 
 _NOT_FOUND = {404: {"description": "No such tenant (or not yours)."}}
 
@@ -39,12 +42,22 @@ def _tenant_for(principal: Principal, session, name: str) -> Tenant:
 
 @router.post("/v1/tenants", response_model=TenantRead, status_code=status.HTTP_201_CREATED,
              responses={409: {"description": "A tenant of that name exists."}}, summary="Create a tenant")
-def create_tenant(body: TenantCreate, db: Db, _: Admin) -> TenantRead:
+def create_tenant(body: TenantCreate, request: Request, db: Db, _: Admin) -> TenantRead:
     try:
         with db.session(write=True) as session:
-            return service.to_read(service.create_tenant(session, name=body.name, quota=body.quota))
+            tenant = service.create_tenant(session, name=body.name, quota=body.quota)
     except service.TenantExists as error:
         raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
+    _sync(request, tenant)
+    return service.to_read(tenant)
+
+
+def _sync(request: Request, tenant: Tenant) -> None:
+    """Mirror the tenant into the backend (its Kubernetes Tenant) now; the dispatcher retries at the next launch."""
+    try:
+        request.app.state.backend.sync_tenant(tenant.name, service.quota_of(tenant))
+    except Exception:  # the database is the system of record; the cluster catches up on the next launch
+        log.warning("could not sync tenant %s to the backend", tenant.name, exc_info=True)
 
 
 @router.get("/v1/tenants", response_model=TenantList, summary="List tenants")
@@ -63,6 +76,7 @@ def update_tenant(name: str, body: TenantUpdate, request: Request, db: Db, princ
         tenant = _tenant_for(principal, session, name)
         service.set_quota(tenant, body.quota)
         read = service.to_read(tenant)
+    _sync(request, tenant)
     request.app.state.dispatcher.wake()  # a larger quota may admit waiting jobs now
     return read
 

@@ -1,0 +1,186 @@
+"""The Kubernetes backend: an admitted job becomes an EmbeddingJob in its tenant's namespace; the operator runs it.
+
+The contract with the operator is kembed_api.resources. The API creates the per-job report-token Secret, then the
+EmbeddingJob; it cancels by setting spec.cancel; it follows the job by reading status.phase. Jobs live on in the
+cluster when the API restarts, so `reclaim` keeps following them instead of restarting them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from kembed_api import resources
+from kembed_api.admission import Quota
+from kembed_api.backends.base import Exit, Launch, NotReady
+from kembed_api.spec import JobSpec, JobState, parse_quantity
+
+__all__ = ["KubernetesBackend"]
+
+# Unlimited API quotas still need numbers in a ResourceQuota: these are beyond any cluster.
+_UNLIMITED = {"gpus": 1_000_000, "cpu": "100000000", "memory": "1Ei", "max_running_jobs": 10_000}
+
+
+def _load_client_config() -> None:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()  # KUBECONFIG or ~/.kube/config
+
+
+class KubernetesBackend:
+    def __init__(self, *, api_client: client.ApiClient | None = None, cache_ttl_s: float = 0.5,
+                 node_cache_ttl_s: float = 30.0) -> None:
+        if api_client is None:
+            _load_client_config()
+            api_client = client.ApiClient()
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.cache_ttl_s, self.node_cache_ttl_s = cache_ttl_s, node_cache_ttl_s
+        self._jobs: dict[str, dict[str, Any]] = {}
+        self._jobs_read_at = 0.0
+        self._largest_node: dict[str, float] | None = None
+        self._nodes_read_at = 0.0
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------------------- admission
+    def _largest_node_allocatable(self) -> dict[str, float] | None:
+        """The most GPUs, CPU and memory any one schedulable node offers (None if nodes cannot be read)."""
+        if time.monotonic() - self._nodes_read_at > self.node_cache_ttl_s:
+            try:
+                nodes = self.core.list_node().items
+            except ApiException:
+                return None  # no permission to list nodes: leave the check to the scheduler
+            largest = {"gpus": 0.0, "cpu": 0.0, "memory": 0.0}
+            for node in nodes:
+                if node.spec and node.spec.unschedulable:
+                    continue
+                allocatable = (node.status.allocatable or {}) if node.status else {}
+                for key, resource in (("gpus", "nvidia.com/gpu"), ("cpu", "cpu"), ("memory", "memory")):
+                    largest[key] = max(largest[key], parse_quantity(allocatable.get(resource, "0")))
+            self._largest_node, self._nodes_read_at = largest, time.monotonic()
+        return self._largest_node
+
+    def check_fits(self, spec: JobSpec) -> None:
+        largest = self._largest_node_allocatable()
+        if not largest:
+            return
+        r = spec.resources
+        for asked, key, field, unit in ((r.gpus_per_node, "gpus", "gpus_per_node", "GPUs"),
+                                        (r.cpu_per_node, "cpu", "cpu_per_node", "CPU cores"),
+                                        (r.memory_bytes_per_node, "memory", "memory_per_node", "bytes of memory")):
+            if asked > largest[key]:
+                raise ValueError(f"resources.{field}: each node of the job needs {asked:g} {unit}, but the largest "
+                                 f"node of the cluster offers {largest[key]:g}")
+
+    def capacity(self) -> Quota:
+        # The cluster itself is the limit: the namespace ResourceQuota and the scheduler enforce it.
+        return Quota()
+
+    # ------------------------------------------------------------------------------------------- tenants
+    def sync_tenant(self, name: str, quota: Quota) -> None:
+        """Create or update the tenant's Tenant resource (its namespace quota follows the API's quota)."""
+        spec = resources.TenantSpec(quota=resources.TenantQuota(
+            gpus=quota.gpus if quota.gpus is not None else _UNLIMITED["gpus"],
+            cpu=f"{quota.cpu:g}" if quota.cpu is not None else _UNLIMITED["cpu"],
+            memory=str(quota.memory_bytes) if quota.memory_bytes is not None else _UNLIMITED["memory"],
+            max_running_jobs=min(max(quota.max_running_jobs or _UNLIMITED["max_running_jobs"], 1), 10_000),
+        ))
+        manifest = resources.tenant_manifest(name, spec, labels={"app.kubernetes.io/managed-by": "kembed-api"})
+        try:
+            self.custom.create_cluster_custom_object(resources.GROUP, resources.VERSION, resources.TENANT_PLURAL,
+                                                     manifest)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            self.custom.patch_cluster_custom_object(resources.GROUP, resources.VERSION, resources.TENANT_PLURAL,
+                                                    name, {"spec": manifest["spec"]})
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+    def start(self, launch: Launch) -> dict[str, Any]:
+        namespace = resources.tenant_namespace(launch.tenant)
+        try:
+            self.core.read_namespace(namespace)
+        except ApiException as error:
+            if error.status == 404:
+                raise NotReady(f"namespace {namespace} does not exist yet (is the Tenant reconciled?)") from None
+            raise
+        secret_name = f"{launch.job_id}-report-token"
+        secret = {"metadata": {"name": secret_name, "labels": {"kembed.io/job": launch.job_id}},
+                  "stringData": {"token": launch.report_token}}
+        try:
+            self.core.create_namespaced_secret(namespace, secret)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            self.core.patch_namespaced_secret(secret_name, namespace, {"stringData": secret["stringData"]})
+        manifest = resources.embedding_job_manifest(
+            launch.job_id, launch.tenant, launch.spec, report_url=launch.report_url,
+            report_token_secret=secret_name, labels={"app.kubernetes.io/managed-by": "kembed-api"},
+        )
+        try:
+            self.custom.create_namespaced_custom_object(resources.GROUP, resources.VERSION, namespace,
+                                                        resources.EMBEDDING_JOB_PLURAL, manifest)
+        except ApiException as error:
+            if error.status != 409:  # already created by an earlier, interrupted attempt: follow that one
+                raise
+        return {"namespace": namespace, "name": launch.job_id, "attempt": launch.attempt}
+
+    def _refresh(self) -> None:
+        """One cluster-wide list per dispatcher pass instead of one read per job."""
+        with self._lock:
+            if time.monotonic() - self._jobs_read_at < self.cache_ttl_s:
+                return
+            listed = self.custom.list_cluster_custom_object(resources.GROUP, resources.VERSION,
+                                                            resources.EMBEDDING_JOB_PLURAL)
+            self._jobs = {item["metadata"]["name"]: item for item in listed.get("items", [])}
+            self._jobs_read_at = time.monotonic()
+
+    def poll(self, job_id: str) -> Exit | None:
+        self._refresh()
+        obj = self._jobs.get(job_id)
+        if obj is None:
+            return Exit(succeeded=False, retryable=True, reason="Lost",
+                        message="the EmbeddingJob disappeared from the cluster")
+        status = resources.EmbeddingJobStatus.from_object(obj)
+        detail = f"{status.reason or ''}: {status.message or ''}".strip(": ")
+        if status.phase is JobState.SUCCEEDED:
+            return Exit(succeeded=True, retryable=False, reason="Completed", message=detail)
+        if status.phase in (JobState.FAILED, JobState.CANCELLED):
+            # The operator already spent the job's restarts; a failure here is final.
+            return Exit(succeeded=False, retryable=False, reason=status.reason or "Failed", message=detail)
+        return None
+
+    def stop(self, job_id: str) -> None:
+        self._refresh()
+        obj = self._jobs.get(job_id)
+        if obj is None:
+            return
+        self.custom.patch_namespaced_custom_object(resources.GROUP, resources.VERSION, obj["metadata"]["namespace"],
+                                                   resources.EMBEDDING_JOB_PLURAL, job_id, {"spec": {"cancel": True}})
+
+    def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> bool:
+        return False  # the job runs on in the cluster; the dispatcher simply follows it again
+
+    def read_logs(self, job_id: str, *, tail_lines: int | None = None) -> str:
+        self._refresh()
+        obj = self._jobs.get(job_id)
+        if obj is None:
+            return ""
+        namespace = obj["metadata"]["namespace"]
+        pods = self.core.list_namespaced_pod(namespace, label_selector=f"kembed.io/job={job_id}").items
+        parts = []
+        for pod in sorted(pods, key=lambda p: p.metadata.name):
+            try:
+                text = self.core.read_namespaced_pod_log(pod.metadata.name, namespace, tail_lines=tail_lines)
+            except ApiException as error:
+                text = f"(no logs: {error.reason})\n"
+            parts.append(f"=== pod {pod.metadata.name} ===\n{text}")
+        return "".join(parts)
+
+    def shutdown(self) -> None:
+        pass  # nothing runs inside the API process

@@ -1,0 +1,118 @@
+"""The API's Kubernetes backend on the real control plane, with the real operator: jobs submitted over HTTP
+become EmbeddingJobs in the tenant's namespace, and their status comes back to the API."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from kembed_api import resources
+from kembed_api.app import create_app
+from kembed_api.backends.kubernetes import KubernetesBackend
+from kembed_api.settings import Settings
+from tests.api.conftest import ThreadedServer, bearer
+from tests.builders import make_spec
+from tests.operator import harness
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def platform(cluster):
+    harness.install_platform(cluster)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def operator(platform, tmp_path_factory):
+    process = harness.OperatorProcess(platform, tmp_path_factory.mktemp("operator")).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def api(platform, operator, tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("api")
+    backend = KubernetesBackend(api_client=platform.api_client())
+    app = create_app(Settings(data_dir=data_dir, dispatch_interval_s=0.2, backend="kubernetes"), backend=backend)
+    with ThreadedServer(app) as server:
+        admin = bearer((data_dir / "admin-token").read_text().strip())
+        tenant = harness.tenant_name()
+        created = httpx.post(f"{server.url}/v1/tenants", headers=admin,
+                             json={"name": tenant, "quota": {"gpus": 16, "max_running_jobs": 3}})
+        assert created.status_code == 201, created.text
+        token = bearer(httpx.post(f"{server.url}/v1/tenants/{tenant}/tokens", headers=admin,
+                                  json={"name": "t", "role": "member"}).json()["token"])
+        yield server.url, token, tenant
+
+
+def gpu_job(name: str, **labels: str) -> dict:
+    spec = make_spec(name).build()
+    spec["resources"] = {"nodes": 2, "gpus_per_node": 8, "cpu_per_node": 2, "memory_per_node": "8Gi"}
+    spec["labels"] = labels
+    return spec
+
+
+def wait_state(url, token, job_id, *states, timeout_s=90.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = httpx.get(f"{url}/v1/jobs/{job_id}", headers=token).json()
+        if job["state"] in states:
+            return job
+        assert time.monotonic() < deadline, f"{job_id} stuck in {job['state']}: {job['message']}"
+        time.sleep(0.3)
+
+
+def test_a_job_runs_as_an_embedding_job_and_its_end_comes_back(platform, api):
+    url, token, tenant = api
+    job = httpx.post(f"{url}/v1/jobs", json=gpu_job("gang"), headers=token).json()
+    done = wait_state(url, token, job["id"], "SUCCEEDED", "FAILED")
+    assert done["state"] == "SUCCEEDED", done["message"]
+
+    namespace = resources.tenant_namespace(tenant)
+    obj = harness.read_job(platform, namespace, job["id"])
+    assert obj["spec"]["report_url"].endswith(f"/v1/jobs/{job['id']}/reports")
+    assert resources.EmbeddingJobStatus.from_object(obj).phase.value == "SUCCEEDED"
+    nodes = {pod.spec.node_name for pod in harness.job_pods(platform, namespace, job["id"])}
+    assert len(nodes) == 2 and all(node.startswith("gpu-node-") for node in nodes)  # the gang, one pod per node
+    token_secret = platform.core().read_namespaced_secret(f"{job['id']}-report-token", namespace)
+    assert "token" in token_secret.data
+    quota = harness.read_tenant(platform, tenant)["spec"]["quota"]
+    assert quota["gpus"] == 16 and quota["max_running_jobs"] == 3
+
+
+def test_cancel_reaches_the_cluster_and_ends_cancelled(platform, api):
+    url, token, tenant = api
+    job = httpx.post(f"{url}/v1/jobs", json=gpu_job("forever", **harness.RUN_FOREVER), headers=token).json()
+    wait_state(url, token, job["id"], "RUNNING")
+    harness.wait_phase(platform, resources.tenant_namespace(tenant), job["id"], "RUNNING", timeout_s=60)
+    assert httpx.post(f"{url}/v1/jobs/{job['id']}/cancel", headers=token).status_code == 202
+    done = wait_state(url, token, job["id"], "CANCELLED", "FAILED", "SUCCEEDED")
+    assert done["state"] == "CANCELLED"
+    obj = harness.read_job(platform, resources.tenant_namespace(tenant), job["id"])
+    assert obj["spec"]["cancel"] is True and obj["status"]["phase"] == "CANCELLED"
+
+
+def test_a_job_larger_than_any_node_is_refused_at_submission(api):
+    url, token, _ = api
+    spec = gpu_job("huge")
+    spec["resources"]["gpus_per_node"] = 16
+    response = httpx.post(f"{url}/v1/jobs", json=spec, headers=token)
+    assert response.status_code == 422
+    assert "resources.gpus_per_node" in response.json()["detail"] and "largest node" in response.json()["detail"]
+
+
+def test_the_api_quota_admits_no_more_than_it_allows(platform, api):
+    url, token, tenant = api
+    ids = [httpx.post(f"{url}/v1/jobs", json=gpu_job(f"q{i}", **harness.RUN_FOREVER), headers=token).json()["id"]
+           for i in range(2)]  # 2 x 16 GPUs against a 16-GPU quota: one runs, one waits
+    wait_state(url, token, ids[0], "RUNNING")
+    time.sleep(1.5)
+    waiting = httpx.get(f"{url}/v1/jobs/{ids[1]}", headers=token).json()
+    assert waiting["state"] == "QUEUED" and "quota.gpus" in waiting["message"]
+    httpx.post(f"{url}/v1/jobs/{ids[0]}/cancel", headers=token)
+    wait_state(url, token, ids[1], "RUNNING")  # the freed quota admits the next job
+    httpx.post(f"{url}/v1/jobs/{ids[1]}/cancel", headers=token)
+    wait_state(url, token, ids[1], "CANCELLED")
