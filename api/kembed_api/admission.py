@@ -6,6 +6,7 @@ tenant has left, in every dimension at once.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import astuple, dataclass
 from datetime import datetime, timedelta
 
@@ -98,25 +99,26 @@ def estimate_start_times(
     tenant's quota and the backend's capacity, and is then expected to run for its estimated duration. Where an
     estimate depends on a duration nobody can know yet, that job and every job behind it get None: an honest
     "unknown" beats a made-up time. Other tenants' queued jobs are not replayed (they may take capacity first).
+    O(n log n) in the number of jobs: totals are kept as jobs come and go, ends are a heap.
     """
+    ends: list[tuple[datetime, int, RunningJob]] = []  # (end, tie-breaker, job) of jobs whose end is known
+    own, everyone = Demand(), Demand()
+    for job in running:
+        own, everyone = (own + job.demand if job.own else own), everyone + job.demand
+        if job.ends_at is not None:
+            heapq.heappush(ends, (job.ends_at, id(job), job))
 
-    def by_end(job: RunningJob) -> tuple[bool, datetime]:
-        return job.ends_at is None, job.ends_at or now
-
-    def fits(demand: Demand) -> bool:
-        own = sum((j.demand for j in holding if j.own), Demand())
-        everyone = sum((j.demand for j in holding), Demand())
-        return shortfall(quota, used=own, demand=demand) is None and shortfall(
-            capacity, used=everyone, demand=demand) is None
-
-    holding = sorted(running, key=by_end)
     clock, starts = now, []
     for demand, duration in queued:
-        while not fits(demand):
-            if not holding or holding[0].ends_at is None:
+        while shortfall(quota, used=own, demand=demand) or shortfall(capacity, used=everyone, demand=demand):
+            if not ends:  # only jobs of unknown duration hold what this one needs
                 return starts + [None] * (len(queued) - len(starts))
-            clock = max(clock, holding.pop(0).ends_at)
+            ended_at, _, ended = heapq.heappop(ends)
+            clock = max(clock, ended_at)
+            own, everyone = (own - ended.demand if ended.own else own), everyone - ended.demand
         starts.append(clock)
-        holding.append(RunningJob(demand, clock + duration if duration is not None else None))
-        holding.sort(key=by_end)
+        job = RunningJob(demand, clock + duration if duration is not None else None)
+        own, everyone = own + demand, everyone + demand
+        if job.ends_at is not None:
+            heapq.heappush(ends, (job.ends_at, id(job), job))
     return starts

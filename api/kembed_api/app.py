@@ -69,7 +69,7 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
         metrics = Metrics(db)
         dispatcher = Dispatcher(db=db, backend=backend or _make_backend(settings),
                                 public_url=settings.resolved_public_url, interval_s=settings.dispatch_interval_s,
-                                metrics=metrics)
+                                metrics=metrics, admission_paused=settings.admission_paused)
         app.state.settings, app.state.db, app.state.metrics = settings, db, metrics
         app.state.dispatcher, app.state.backend = dispatcher, dispatcher.backend
         dispatcher.start()

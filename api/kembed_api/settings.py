@@ -75,6 +75,11 @@ class Settings(BaseSettings):
         "first start a token is minted, printed once and written to <data_dir>/admin-token (mode 0600).",
     )
     json_logs: bool = Field(False, description="Log one JSON object per line (for log collectors).")
+    admission_paused: bool = Field(
+        False,
+        description="Admit no new jobs (they queue); running jobs go on. For maintenance, and for load tests "
+        "of the API alone.",
+    )
 
     @model_validator(mode="after")
     def _resolve_paths(self) -> Settings:

@@ -35,7 +35,8 @@ __all__ = [
     "CannotRun",
     "InvalidTransition",
     "QueueFull",
-    "demand_of",
+    "DEMAND_COLUMNS",
+    "demand_from_columns",
     "describe",
     "JobNotFound",
     "apply_report",
@@ -202,10 +203,6 @@ def _check_can_run(spec: JobSpec, *, tenant: Tenant) -> None:
         )
 
 
-def demand_of(job: Job) -> Demand:
-    return Demand(gpus=job.gpus, cpu=job.cpu, memory_bytes=job.memory_bytes, jobs=1, processes=job.processes)
-
-
 def describe(demand: Demand) -> str:
     parts = [f"{demand.processes} trainer processes", f"{demand.cpu:g} CPU", f"{demand.memory_bytes / 2**30:g} GiB"]
     if demand.gpus:
@@ -256,12 +253,14 @@ def list_jobs(
     )
 
 
-def _expected_end(job: Job, now: datetime) -> datetime | None:
+def _expected_end(*, started_at: datetime | None, step: int, total_steps: int, now: datetime) -> datetime | None:
     """Now plus the remaining steps at the pace the job has kept so far; None before it made progress."""
-    if job.started_at is None or job.step <= 0 or job.total_steps <= job.step:
-        return now if job.total_steps and job.step >= job.total_steps else None
-    elapsed = (now - job.started_at).total_seconds()
-    return now + timedelta(seconds=elapsed * (job.total_steps - job.step) / job.step)
+    if total_steps and step >= total_steps:
+        return now
+    if started_at is None or step <= 0:
+        return None
+    elapsed = (now - started_at).total_seconds()
+    return now + timedelta(seconds=elapsed * (total_steps - step) / step)
 
 
 def _last_durations(session: Session, *, tenant: Tenant, names: set[str]) -> dict[str, timedelta]:
@@ -274,23 +273,50 @@ def _last_durations(session: Session, *, tenant: Tenant, names: set[str]) -> dic
     return {name: finished - started for name, started, finished in rows if started and finished}
 
 
+# What one job holds, as columns: queries that sum or replay the queue read only these.
+DEMAND_COLUMNS = (Job.gpus, Job.cpu, Job.memory_bytes, Job.processes)
+
+
+def demand_from_columns(gpus: int, cpu: float, memory_bytes: int, processes: int) -> Demand:
+    return Demand(gpus=gpus, cpu=cpu, memory_bytes=memory_bytes, jobs=1, processes=processes)
+
+
 def queue_forecast(
-    session: Session, *, tenant: Tenant, capacity: Quota, now: datetime | None = None
+    session: Session, *, tenant: Tenant, capacity: Quota, now: datetime | None = None, until_seq: int | None = None
 ) -> dict[int, tuple[int, datetime | None]]:
-    """For each QUEUED job of the tenant: (position in admission order, estimated start or None)."""
+    """For QUEUED jobs of the tenant: (position in admission order, estimated start or None).
+
+    With `until_seq`, only up to that job (what a single job's page needs). Reads columns, not whole rows: this
+    runs on every read of a queued job.
+    """
     now = now or utcnow()
-    queued = list(session.scalars(
-        select(Job).where(Job.tenant_id == tenant.id, Job.state == JobState.QUEUED)
+    queued = session.execute(
+        select(Job.seq, Job.name, *DEMAND_COLUMNS)
+        .where(Job.tenant_id == tenant.id, Job.state == JobState.QUEUED)
         .order_by(Job.priority.desc(), Job.seq)
-    ))
+    ).all()
+    if until_seq is not None:
+        cut = next((i for i, row in enumerate(queued) if row.seq == until_seq), len(queued) - 1)
+        queued = queued[: cut + 1]
     if not queued:
         return {}
-    active = session.scalars(select(Job).where(Job.state.in_([s.value for s in ACTIVE_STATES])))
-    running = [RunningJob(demand_of(j), _expected_end(j, now), own=j.tenant_id == tenant.id) for j in active]
-    durations = _last_durations(session, tenant=tenant, names={j.name for j in queued})
-    starts = estimate_start_times(quota=quota_of(tenant), capacity=capacity, running=running,
-                                  queued=[(demand_of(j), durations.get(j.name)) for j in queued], now=now)
-    return {job.seq: (position, start) for position, (job, start) in enumerate(zip(queued, starts, strict=True), 1)}
+    active = session.execute(
+        select(Job.tenant_id, Job.started_at, Job.step, Job.total_steps, *DEMAND_COLUMNS)
+        .where(Job.state.in_([s.value for s in ACTIVE_STATES]))
+    )
+    running = [
+        RunningJob(demand_from_columns(r.gpus, r.cpu, r.memory_bytes, r.processes),
+                   _expected_end(started_at=r.started_at, step=r.step, total_steps=r.total_steps, now=now),
+                   own=r.tenant_id == tenant.id)
+        for r in active
+    ]
+    durations = _last_durations(session, tenant=tenant, names={row.name for row in queued})
+    starts = estimate_start_times(
+        quota=quota_of(tenant), capacity=capacity, running=running,
+        queued=[(demand_from_columns(r.gpus, r.cpu, r.memory_bytes, r.processes), durations.get(r.name)) for r in queued],
+        now=now,
+    )
+    return {row.seq: (position, start) for position, (row, start) in enumerate(zip(queued, starts, strict=True), 1)}
 
 
 def list_events(session: Session, *, job: Job) -> list[JobEventRead]:
@@ -339,7 +365,7 @@ def to_read(
 
 def read_job(session: Session, *, tenant: Tenant, job_id: str, capacity: Quota) -> JobRead:
     job = get_job(session, tenant=tenant, job_id=job_id)
-    queue = queue_forecast(session, tenant=tenant, capacity=capacity).get(job.seq) if (
+    queue = queue_forecast(session, tenant=tenant, capacity=capacity, until_seq=job.seq).get(job.seq) if (
         job.state == JobState.QUEUED) else None
     return to_read(job, tenant_name=tenant.name, queue=queue, events=list_events(session, job=job))
 
