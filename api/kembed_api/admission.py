@@ -7,7 +7,7 @@ tenant has left, in every dimension at once.
 from __future__ import annotations
 
 import heapq
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from kembed_api.spec import JobSpec
@@ -31,11 +31,14 @@ class Demand:
         return cls(gpus=r.nodes * r.gpus_per_node, cpu=r.nodes * r.cpu_per_node,
                    memory_bytes=r.nodes * r.memory_bytes_per_node, jobs=1, processes=r.num_processes)
 
+    # Spelled out (not dataclasses.astuple, which deep-copies): queue forecasts add thousands of these per read.
     def __add__(self, other: Demand) -> Demand:
-        return Demand(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        return Demand(self.gpus + other.gpus, self.cpu + other.cpu, self.memory_bytes + other.memory_bytes,
+                      self.jobs + other.jobs, self.processes + other.processes)
 
     def __sub__(self, other: Demand) -> Demand:
-        return Demand(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        return Demand(self.gpus - other.gpus, self.cpu - other.cpu, self.memory_bytes - other.memory_bytes,
+                      self.jobs - other.jobs, self.processes - other.processes)
 
 
 @dataclass(frozen=True)
