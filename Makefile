@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 export PIP_CACHE_DIR ?= $(HOME)/.cache/kembed/pip
 export KEMBED_CACHE ?= $(HOME)/.cache/kembed
 
-.PHONY: install demo test lint clean cluster-bins manifests
+.PHONY: install demo test lint clean cluster-bins manifests system-deps bench-deps
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -18,8 +18,18 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: install
 	$(BIN)/kembed demo
 
-test: install cluster-bins
+test: install system-deps cluster-bins
 	$(BIN)/python -m pytest
+
+# Servers the tests start themselves: PostgreSQL comes from Debian's packages when the machine lacks it.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+system-deps:
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql; }
+
+# Only for benchmarks/trainer.py: TorchRec and FBGEMM's CPU build, without their CUDA requirements.
+bench-deps: install
+	$(BIN)/pip install --no-deps -r benchmarks/requirements.txt
 
 # The test Kubernetes control plane (etcd, kube-*, kwok, helm) built from Go modules into $(KEMBED_CACHE)/bin.
 cluster-bins:
