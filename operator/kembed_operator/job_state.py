@@ -97,6 +97,8 @@ def decide(*, spec: EmbeddingJobSpec, status: dict[str, Any], generation: int, b
     attempt = int(status.get("attempt") or 0)
     live_pods = [p for p in pods if p.phase in ("Pending", "Running") and p.attempt == attempt]
     any_live = any(p.phase in ("Pending", "Running") for p in pods)
+    if "restartCount" not in status:  # first pass, or the first pass of a runner that died before writing it
+        plan.status.update({"attempt": attempt, "restartCount": 0})
 
     # ---- finished: only the TTL is left to do ---------------------------------------------------------------
     if phase in {s.value for s in TERMINAL_STATES}:
@@ -134,8 +136,6 @@ def decide(*, spec: EmbeddingJobSpec, status: dict[str, Any], generation: int, b
         plan.action = Action.CREATE_GANG
         if phase is None:
             ctx.move(plan, JobState.ADMITTED, "Created", f"gang of {spec.resources.nodes} pods created")
-            plan.status["attempt"] = attempt
-            plan.status["restartCount"] = int(status.get("restartCount") or 0)
         plan.status["attemptStartTime"] = ctx.now_text
         ctx.set_condition(plan, "PodsReady", False, "Starting", f"attempt {attempt}: pods are being created")
         return plan
@@ -163,13 +163,14 @@ def decide(*, spec: EmbeddingJobSpec, status: dict[str, Any], generation: int, b
         _restart_or_fail(ctx, plan, spec, verdict.retryable, verdict.reason, verdict.message)
         return plan
 
-    stuck = _stuck_reason(ctx, live_pods, batch_job, spec, settings)
+    attempt_pods = [p for p in pods if p.attempt == attempt and not p.deleting]
+    stuck = _stuck_reason(ctx, attempt_pods, batch_job, spec, settings)
     if stuck is not None:
         retryable, reason, message = stuck
         _restart_or_fail(ctx, plan, spec, retryable, reason, message)
         return plan
 
-    running = [p for p in live_pods if p.running]
+    running = [p for p in pods if p.attempt == attempt and (p.running or p.phase == "Succeeded")]
     if len(running) == spec.resources.nodes:
         if phase != JobState.RUNNING:
             ctx.move(plan, JobState.RUNNING, "GangRunning", f"all {spec.resources.nodes} pods are running")
@@ -195,8 +196,10 @@ def _stuck_reason(ctx: _Context, pods: Sequence[PodView], batch_job: BatchJobVie
             if pod.image_pull_failure == "InvalidImageName" or _age(ctx.now, started) >= settings.image_pull_timeout_s:
                 return False, "ImagePullFailed", (
                     f"pod {pod.name}: {pod.image_pull_failure}: {pod.image_pull_message}".rstrip(": "))
+    if ctx.status.get("phase") == JobState.RUNNING:
+        return None  # the gang got going once: from here on only failures (or success) move it
     started = parse_time(ctx.status.get("attemptStartTime")) or batch_job.started or batch_job.created
-    running = sum(1 for p in pods if p.running)
+    running = sum(1 for p in pods if p.running or p.phase == "Succeeded")
     if started and running < spec.resources.nodes and _age(ctx.now, started) >= settings.rendezvous_timeout_s:
         missing = spec.resources.nodes - len(pods)
         hint = f"; {missing} pods were never created (is the namespace's quota used up?)" if missing > 0 else ""

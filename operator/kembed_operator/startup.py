@@ -39,6 +39,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
     # Kopf pauses an operator that sees a peer of higher *or equal* priority: replicas must differ.
     settings.peering.priority = random.randint(1, 2**30)
     settings.peering.stealth = True
+    # Kopf logs every handler call at INFO ("Handler 'pod_changed' succeeded"): thousands of lines a minute under
+    # load. What matters is in the resources' status and Events; warnings and errors still get logged.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     if not ours.standalone:

@@ -11,6 +11,7 @@ import copy
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -50,6 +51,11 @@ def install_platform(cluster: Cluster) -> None:
     ).stdout
     subprocess.run([str(cluster.kubectl_path), "apply", "-n", PLATFORM_NAMESPACE, "-f", "-"], input=rendered,
                    text=True, env=cluster.env, check=True, capture_output=True)
+    # A new CRD answers 429 "storage is (re)initializing" for a moment: operators started then would see errors
+    # no real installation (CRDs long in place) ever shows them.
+    for plural, group in (("tenants", "kembed.io"), ("embeddingjobs", "kembed.io"), ("clusterkopfpeerings", "kopf.dev")):
+        wait_for(lambda: cluster.kubectl("get", f"{plural}.{group}", "-A", check=False).returncode == 0,
+                 timeout_s=30, what=f"{plural}.{group} served")
     secret = {"metadata": {"name": S3_SOURCE_SECRET},
               "stringData": {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}}
     if not _exists(lambda: cluster.core().read_namespaced_secret(S3_SOURCE_SECRET, PLATFORM_NAMESPACE)):
@@ -116,6 +122,12 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
+
+    @property
+    def priority(self) -> int | None:
+        """The Kopf peering priority this replica drew (it logs it at start-up); the highest one is active."""
+        match = re.search(r"\(priority (\d+)\)", self.log())
+        return int(match.group(1)) if match else None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
