@@ -1,0 +1,26 @@
+# The kembed platform image: the API (`kembed serve`) and the operator (`kembed-operator`), one image, two commands.
+#   docker build -t ghcr.io/kembed/platform:0.1.0 .
+# The trainer has its own image (trainer_image/Dockerfile): the platform never needs torch, the trainer never
+# needs FastAPI or Kopf. The Helm chart (helm/kembed) runs this image as UID 10001 with a read-only root.
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /opt/kembed
+# Pinned dependencies first (their layer survives code changes), then the packages themselves.
+COPY pyproject.toml constraints.txt README.md ./
+COPY api ./api
+COPY operator ./operator
+# kembed_api.spec imports the trainer's config model (pydantic only): ship that package, not its extra (torch).
+COPY trainer_image/kembed_trainer ./trainer_image/kembed_trainer
+RUN pip install -c constraints.txt ".[api,operator]" \
+    && python -c "import kembed_api.app, kembed_operator.__main__" \
+    && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent kembed
+
+USER 10001:10001
+EXPOSE 8080
+# The chart always names the command; this default is the API.
+CMD ["kembed", "serve", "--host", "0.0.0.0", "--port", "8080", "--data-dir", "/tmp/kembed"]
