@@ -62,13 +62,14 @@ def install_platform(cluster: Cluster) -> None:
         cluster.core().create_namespaced_secret(PLATFORM_NAMESPACE, secret)
 
 
-def service_account_kubeconfig(cluster: Cluster, path: pathlib.Path) -> pathlib.Path:
+def service_account_kubeconfig(cluster: Cluster, path: pathlib.Path, *, account: str = OPERATOR_SA,
+                               namespace: str = PLATFORM_NAMESPACE) -> pathlib.Path:
     """A kubeconfig that *is* the operator's ServiceAccount (bearer token), not the admin."""
     token = cluster.core().create_namespaced_service_account_token(
-        OPERATOR_SA, PLATFORM_NAMESPACE, {"spec": {"expirationSeconds": 24 * 3600}}).status.token
+        account, namespace, {"spec": {"expirationSeconds": 24 * 3600}}).status.token
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    admin["users"] = [{"name": OPERATOR_SA, "user": {"token": token}}]
-    admin["contexts"][0]["context"]["user"] = OPERATOR_SA
+    admin["users"] = [{"name": account, "user": {"token": token}}]
+    admin["contexts"][0]["context"]["user"] = account
     path.write_text(json.dumps(admin))
     path.chmod(0o600)
     return path
@@ -77,12 +78,14 @@ def service_account_kubeconfig(cluster: Cluster, path: pathlib.Path) -> pathlib.
 class OperatorProcess:
     """One operator replica as a child process, with its log in a file."""
 
-    def __init__(self, cluster: Cluster, work_dir: pathlib.Path, name: str = "operator", **settings: Any) -> None:
+    def __init__(self, cluster: Cluster, work_dir: pathlib.Path, name: str = "operator", *,
+                 account: str = OPERATOR_SA, namespace: str = PLATFORM_NAMESPACE, **settings: Any) -> None:
         self.cluster, self.name = cluster, name
         self.log_path = work_dir / f"{name}-{uuid.uuid4().hex[:6]}.log"
-        self.kubeconfig = service_account_kubeconfig(cluster, work_dir / f"{name}.kubeconfig")
+        self.kubeconfig = service_account_kubeconfig(cluster, work_dir / f"{name}.kubeconfig", account=account,
+                                                     namespace=namespace)
         defaults = {
-            "namespace": PLATFORM_NAMESPACE, "peering_name": "kembed-test", "peering_lifetime_s": 15,
+            "namespace": namespace, "peering_name": "kembed-test", "peering_lifetime_s": 15,
             "health_port": 0, "s3_credentials_secret": S3_SOURCE_SECRET,
             # Every fake node is a tainted GPU node: CPU-only jobs need the toleration too.
             "trainer_tolerations": [GPU_TOLERATION],
