@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,19 +27,14 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from kembed_api.ports import free_port  # noqa: E402
 from tests.builders import make_spec  # noqa: E402
 from tests.fixtures.servers import run_postgres  # noqa: E402
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def api_server(database_url: str | None, data_dir: Path) -> Iterator[tuple[str, str]]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "KEMBED_ADMISSION_PAUSED": "true"}
     if database_url:
         env["KEMBED_DATABASE_URL"] = database_url

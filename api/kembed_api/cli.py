@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column, Table
 
 from kembed_api.client import ApiError, Client
+from kembed_api.ports import free_port
 
 # Also written by kembed_api.app; repeated here so the CLI's client commands don't import the server.
 ADMIN_TOKEN_FILE = "admin-token"
@@ -233,14 +234,6 @@ def _exit_with(job: dict[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- demo
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_healthy(client: Client, server: subprocess.Popen, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -262,7 +255,7 @@ def demo(
 ) -> None:
     """Start the embedded server, submit the sample DLRM job over HTTP and follow it to the end."""
     shutil.rmtree(data_dir, ignore_errors=True)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     console.rule("kembed demo")
     console.print(f"starting the embedded server on {url} (data in {data_dir})")

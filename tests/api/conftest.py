@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from kembed_api.admission import Quota
 from kembed_api.app import create_app
 from kembed_api.backends.base import Exit, Launch
 from kembed_api.db import Database, upgrade_to_head
+from kembed_api.ports import free_port
 from kembed_api.settings import Settings
 from kembed_api.spec import JobSpec
 
@@ -110,9 +110,7 @@ class ThreadedServer:
     """A real uvicorn server for `app` on a free port of 127.0.0.1, in a thread of the test process."""
 
     def __init__(self, app) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

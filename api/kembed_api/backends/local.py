@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ import yaml
 
 from kembed_api.admission import Quota
 from kembed_api.backends.base import Exit, Launch
+from kembed_api.ports import free_port
 from kembed_api.spec import JobSpec
 
 __all__ = ["LocalBackend"]
@@ -39,12 +39,6 @@ class _Gang:
     log_files: list[Any]
     stop_requested_at: float | None = None
     exit_codes: list[int | None] = field(default_factory=list)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _is_our_process(pid: int, job_id: str) -> bool:
@@ -104,7 +98,7 @@ class LocalBackend:
         config_path.write_text(yaml.safe_dump(launch.spec.trainer.model_dump(mode="json"), sort_keys=False))
 
         resources = launch.spec.resources
-        port = _free_port()
+        port = free_port()
         env = {
             **os.environ,
             "KEMBED_JOB_ID": launch.job_id,
