@@ -362,7 +362,7 @@ class PodWorker(threading.Thread):
         spec = self.pod["spec"]
         env = {
             "PATH": os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", "/usr/bin:/bin")]),
-            "HOME": os.environ.get("HOME", "/root"),
+            "HOME": os.path.expanduser("~"),
             "LANG": "C.UTF-8",
             "HOSTNAME": spec.get("hostname") or self.pod["metadata"]["name"],
             "KUBERNETES_SERVICE_HOST": "127.0.0.1",
