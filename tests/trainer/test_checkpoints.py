@@ -66,10 +66,18 @@ def test_partial_and_corrupt_latest_checkpoints_are_skipped(tmp_path, ckpt_uri):
 
 
 @pytest.mark.parametrize(
-    ("first", "then"), [pytest.param(2, 1, id="2-to-1"), pytest.param(1, 2, id="1-to-2")]
+    ("first", "then", "sharded"),
+    [
+        pytest.param(2, 1, False, id="2-to-1"),
+        pytest.param(1, 2, False, id="1-to-2"),
+        pytest.param(2, 1, True, id="2-to-1-sharded"),
+        pytest.param(1, 2, True, id="1-to-2-sharded"),
+    ],
 )
-def test_checkpoint_loads_on_a_different_number_of_ranks(tmp_path, ckpt_uri, first, then):
-    cfg = tiny_config(checkpoint={"uri": ckpt_uri}, training={"steps": 20})
+def test_checkpoint_loads_on_a_different_number_of_ranks(tmp_path, ckpt_uri, first, then, sharded):
+    # 500 rows and up: the four biggest tiny tables are split row-wise, the four small ones replicated.
+    embeddings = {"shard_threshold_rows": 500 if sharded else 10**9}
+    cfg = tiny_config(checkpoint={"uri": ckpt_uri}, training={"steps": 20}, embeddings=embeddings)
     path = write_config(tmp_path / "c.yaml", cfg)
     code, before, stderr = run_trainer(path, nproc=first)
     assert code == 0, stderr

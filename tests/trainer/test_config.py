@@ -45,6 +45,11 @@ def test_shipped_examples_validate(example):
             id="unsupported-scheme",
         ),
         pytest.param(
+            {"embeddings": {"shard_threshold_rows": 0}},
+            "embeddings.shard_threshold_rows: Input should be greater than 0",
+            id="shard-threshold",
+        ),
+        pytest.param(
             {"model": {"kind": "dlrm", "bottom_mlp": [16, 4]}},
             "dlrm: bottom_mlp must end in the embedding_dim",
             id="bottom-mlp-width",

@@ -63,10 +63,27 @@ class TableConfig(_Strict):
         description="An id gets its own row only after it was seen in this many batches; until then it "
         "shares the table's last row (the fallback). 0 = every id has its row from the start.",
     )
+    sharding: Literal["auto", "replicated", "row_wise"] = Field(
+        "auto",
+        description="replicated: every rank holds the whole table; row_wise: each rank holds 1/world_size of "
+        "its rows (ids and vectors are exchanged all-to-all); auto: row_wise when num_embeddings >= "
+        "embeddings.shard_threshold_rows.",
+    )
 
 
 class EmbeddingsConfig(_Strict):
     tables: list[TableConfig] = Field(min_length=1)
+    shard_threshold_rows: PositiveInt = Field(
+        1_000_000,
+        description="Tables with `sharding: auto` and at least this many rows are sharded row-wise across "
+        "ranks; smaller ones are replicated (their all-gathered updates are cheaper than an all-to-all).",
+    )
+
+    def is_sharded(self, table: TableConfig) -> bool:
+        """Whether `table` is split row-wise across ranks (decided by the config alone, not the world size)."""
+        if table.sharding == "auto":
+            return table.num_embeddings >= self.shard_threshold_rows
+        return table.sharding == "row_wise"
 
     @model_validator(mode="after")
     def _unique_names(self) -> EmbeddingsConfig:

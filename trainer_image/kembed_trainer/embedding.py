@@ -5,28 +5,49 @@ The lookup first deduplicates the batch's rows and gathers them into a small lea
 a dense gradient for just those rows, which the sparse optimizer applies in place. No [num_rows, dim] gradient
 is ever built, and rows a batch did not touch (and their optimizer state) are not read or written.
 
-With several ranks the tables are replicated: each rank sends its touched rows and their gradients to all
-others, so every rank applies the same averaged update and the replicas stay identical.
+With several ranks, small tables are replicated: each rank sends its touched rows and their gradients to all
+others, so every rank applies the same averaged update and the replicas stay identical. Big tables are sharded
+row-wise (`sharding.py`): each rank holds 1/world_size of their rows, sends the ids it needs to their owners
+and gets the rows back (all-to-all); after backward the gradients go back the same way and each owner updates
+only its own rows.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
 
-from kembed_trainer import config, sparse_optim
+from kembed_trainer import config, sharding, sparse_optim
 from kembed_trainer.data.batch import Batch
 
 __all__ = ["EmbeddingCollection"]
 
 
 class _Group:
-    """The tables of one width, stacked row-wise in one matrix."""
+    """The tables of one width: replicated ones stacked in `weight`, this rank's rows of sharded ones in `shard`.
 
-    def __init__(self, tables: list[config.TableConfig], device: torch.device, gen: torch.Generator) -> None:
+    Rows are addressed by a virtual index over all tables of the group stacked whole (`table_starts`), which is
+    what ids map to, what admission counts, and the same at any world size.
+    """
+
+    def __init__(
+        self,
+        tables: list[config.TableConfig],
+        sharded: list[bool],
+        *,
+        device: torch.device,
+        gen: torch.Generator,
+        seed: int,
+        first_table: int,
+        rank: int,
+        world_size: int,
+    ) -> None:
         self.tables = tables
         self.dim = tables[0].embedding_dim
         self.features = [f for t in tables for f in t.features]
@@ -49,18 +70,34 @@ class _Group:
             else None
         )
         self.lr_scale = torch.tensor([t.lr_scale for t in tables], device=device)
-        self.weight = torch.empty(starts[-1], self.dim, device=device)
-        for t, lo in zip(tables, starts):
-            # DLRM's init: small enough that the dot interaction starts near zero for big tables.
-            bound = math.sqrt(1.0 / t.num_embeddings)
-            self.weight[lo : lo + t.num_embeddings].uniform_(-bound, bound, generator=gen)
+        self.sharded = torch.tensor(sharded, dtype=torch.bool, device=device)
+        self.any_sharded = any(sharded)
+        # Replicated tables, stacked in table order.
+        repl_sizes = [0 if sh else n for n, sh in zip(sizes, sharded, strict=True)]
+        self.repl_starts = torch.tensor(repl_sizes, device=device).cumsum(0) - torch.tensor(
+            repl_sizes, device=device
+        )
+        self.weight = torch.empty(sum(repl_sizes), self.dim, device=device)
+        for i, t in enumerate(tables):
+            if not sharded[i]:
+                # DLRM's init: small enough that the dot interaction starts near zero for big tables.
+                lo = int(self.repl_starts[i])
+                self.weight[lo : lo + t.num_embeddings].uniform_(-_bound(t), _bound(t), generator=gen)
+        # Sharded tables: this rank's rows, initialised the same whatever the world size.
+        self.layout = sharding.RowLayout(
+            [n if sh else 0 for n, sh in zip(sizes, sharded, strict=True)], world_size, rank, device
+        )
+        self.shard = torch.empty(self.layout.num_local_rows, self.dim, device=device)
+        for i, t in enumerate(tables):
+            if sharded[i]:
+                piece = self.layout.local_slice(i)
+                lo = self.layout.table_lo(i)
+                _seeded_uniform(self.shard[piece], lo, _bound(t), seed=seed, table=first_table + i)
         self.state: dict[str, torch.Tensor] = {}
+        self.shard_state: dict[str, torch.Tensor] = {}
 
     def table_of(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.searchsorted(self.table_starts, rows, right=True) - 1
-
-    def row_lr(self, rows: torch.Tensor, lr: float) -> torch.Tensor:
-        return lr * self.lr_scale[self.table_of(rows)]
 
     def rows_of(self, ids: list[torch.Tensor]) -> torch.Tensor:
         """Group rows of each feature's raw ids: hashed or range-checked, then offset to the table's rows."""
@@ -84,9 +121,45 @@ class _Group:
         table = self.table_of(rows)
         return torch.where(self.seen[rows] >= self.admit_after[table], rows, self.fallback_row[table])
 
+    def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, _Touched]:
+        """The vectors of unique virtual `rows`: replicated ones read here, sharded ones fetched from owners."""
+        if not self.any_sharded:
+            return self.weight[rows], _Touched(rows, None, None, None)
+        table = self.table_of(rows)
+        within = rows - self.table_starts[table]
+        is_sharded = self.sharded[table]
+        repl_pos, shard_pos = (~is_sharded).nonzero()[:, 0], is_sharded.nonzero()[:, 0]
+        repl_rows = within[repl_pos] + self.repl_starts[table[repl_pos]]
+        owner, local = self.layout.locate(table[shard_pos], within[shard_pos])
+        exchange = sharding.Exchange.plan(owner, local, self.layout.world_size)
+        vectors = torch.empty(rows.numel(), self.dim, device=rows.device)
+        vectors[repl_pos] = self.weight[repl_rows]
+        vectors[shard_pos] = exchange.fetch(self.shard)
+        return vectors, _Touched(repl_rows, repl_pos, shard_pos, exchange)
+
+    def repl_lr(self, rows: torch.Tensor) -> torch.Tensor:
+        """Each `weight` row's table lr scale."""
+        return self.lr_scale[torch.searchsorted(self.repl_starts, rows, right=True) - 1]
+
+    def shard_lr(self, local_rows: torch.Tensor) -> torch.Tensor:
+        return self.lr_scale[self.layout.local_table_of(local_rows)]
+
     def table_slices(self, t: int) -> slice:
+        lo = int(self.repl_starts[t])
+        return slice(lo, lo + self.tables[t].num_embeddings)
+
+    def virtual_slice(self, t: int) -> slice:
         lo = int(self.table_starts[t])
         return slice(lo, lo + self.tables[t].num_embeddings)
+
+
+class _Touched(NamedTuple):
+    """Where a lookup's unique rows came from, so their gradients go back there."""
+
+    repl_rows: torch.Tensor  # rows of `weight`
+    repl_pos: torch.Tensor | None  # their positions among the lookup's rows (None: all rows are replicated)
+    shard_pos: torch.Tensor | None
+    exchange: sharding.Exchange | None
 
 
 class EmbeddingCollection:
@@ -98,20 +171,51 @@ class EmbeddingCollection:
         device: torch.device,
         seed: int,
         world_size: int,
+        rank: int = 0,
     ) -> None:
         gen = torch.Generator(device=device).manual_seed(seed)
         by_dim: dict[int, list[config.TableConfig]] = {}
         for t in emb_cfg.ordered_tables:
             by_dim.setdefault(t.embedding_dim, []).append(t)
-        self.groups = [_Group(tables, device, gen) for tables in by_dim.values()]
+        self.groups, first = [], 0
+        for tables in by_dim.values():
+            sharded = [emb_cfg.is_sharded(t) for t in tables]
+            self.groups.append(
+                _Group(
+                    tables,
+                    sharded,
+                    device=device,
+                    gen=gen,
+                    seed=seed,
+                    first_table=first,
+                    rank=rank,
+                    world_size=world_size,
+                )
+            )
+            first += len(tables)
         self.optimizer = sparse_optim.build_sparse_optimizer(opt_cfg)
         for g in self.groups:
             g.state = self.optimizer.init_state(g.weight.shape[0], g.dim, device)
+            g.shard_state = self.optimizer.init_state(g.shard.shape[0], g.dim, device)
         self.lr = opt_cfg.lr
         self.world_size = world_size
+        self.device = device
         self.num_features = sum(len(g.features) for g in self.groups)
-        self._pending: list[tuple[_Group, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        self._pending: list[tuple[_Group, _Touched, torch.Tensor, torch.Tensor | None]] = []
         self.last_unique_rows = 0
+
+    @property
+    def exchanges(self) -> bool:
+        """Whether lookups talk to other ranks, so every rank must make the same number of them."""
+        return self.world_size > 1 and any(g.any_sharded for g in self.groups)
+
+    @property
+    def num_bytes(self) -> int:
+        """This rank's table weights and sparse-optimizer state."""
+        tensors = [
+            t for g in self.groups for t in (g.weight, g.shard, *g.state.values(), *g.shard_state.values())
+        ]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def __call__(self, batch: Batch) -> list[torch.Tensor]:
         """Pooled (summed) embeddings, one [B, num_features_of_group, dim] tensor per width group."""
@@ -126,47 +230,115 @@ class EmbeddingCollection:
             nf = len(g.features)
             raw_rows = g.rows_of(values[first : first + nf])
             uniq, inverse = torch.unique(g.admit(raw_rows), return_inverse=True)
+            vectors, where = g.gather(uniq)
             # A leaf holding only the touched rows: its .grad is the row-sparse gradient.
-            touched = g.weight[uniq].requires_grad_(True)
+            touched = vectors.requires_grad_(True)
             flat_lengths = lengths[first : first + nf].reshape(-1)
             offsets = torch.cumsum(flat_lengths, 0) - flat_lengths
             pooled = F.embedding_bag(inverse, touched, offsets, mode="sum")
             out.append(pooled.view(nf, b, g.dim).transpose(0, 1))
-            self._pending.append((g, uniq, touched, raw_rows if g.seen is not None else None))
+            self._pending.append((g, where, touched, raw_rows if g.seen is not None else None))
             self.last_unique_rows += uniq.numel()
             first += nf
         return out
 
+    def lookup_nothing(self) -> None:
+        """Take part in other ranks' lookups without looking anything up (a rank out of eval batches)."""
+        empty = Batch(
+            dense=torch.empty(0, 0, device=self.device),
+            values=torch.empty(0, dtype=torch.int64, device=self.device),
+            lengths=torch.empty(0, dtype=torch.int64, device=self.device),
+            labels=torch.empty(0, device=self.device),
+        )
+        self(empty)
+        self._pending = []
+
     @torch.no_grad()
     def step(self, step: int) -> None:
         """Apply the sparse optimizer to the rows of the last lookup (after `loss.backward()`)."""
-        for g, rows, touched, raw_rows in self._pending:
+        for g, where, touched, raw_rows in self._pending:
             if raw_rows is not None:
                 _count_seen(g.seen, raw_rows, self.world_size)
             grad = touched.grad
-            if grad is None:  # the loss did not depend on this group
+            if grad is None:  # the loss did not depend on this group (the same on every rank)
                 continue
-            if self.world_size > 1:
-                rows, grad = _average_across_ranks(rows, grad, self.world_size)
-            self.optimizer.update(g.weight, g.state, rows, grad, g.row_lr(rows, self.lr), step)
+            repl_grad = grad if where.repl_pos is None else grad[where.repl_pos]
+            if g.weight.shape[0]:
+                self._update(g.weight, g.state, where.repl_rows, repl_grad, g.repl_lr, step, average=True)
+            if where.exchange is not None:
+                rows, summed = where.exchange.return_grads(grad[where.shard_pos])
+                self._update(
+                    g.shard, g.shard_state, rows, summed / self.world_size, g.shard_lr, step, average=False
+                )
         self._pending = []
+
+    def _update(self, weight, state, rows, grad, lr_of, step: int, *, average: bool) -> None:
+        if average and self.world_size > 1:
+            rows, grad = _average_across_ranks(rows, grad, self.world_size)
+        if rows.numel():
+            self.optimizer.update(weight, state, rows, grad, lr_of(rows) * self.lr, step)
 
     def discard_lookup(self) -> None:
         """Forget the last lookup (after evaluation, which has no gradients to apply)."""
         self._pending = []
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Per-table views into the group matrices (weights and optimizer state), keyed `<table>.<name>`."""
+        """Per-table views into the group matrices (weights and optimizer state), keyed `<table>.<name>`.
+
+        A sharded table is a DTensor placed `Shard(0)` over the ranks, so DCP writes each rank's rows and
+        reads back whichever rows a rank owns at another world size.
+        """
         sd = {}
         for g in self.groups:
             for i, t in enumerate(g.tables):
-                rows = g.table_slices(i)
-                sd[f"{t.name}.weight"] = g.weight[rows]
-                for name, s in g.state.items():
-                    sd[f"{t.name}.{name}"] = s[rows]
+                if g.sharded[i]:
+                    piece = g.layout.local_slice(i)
+                    sd[f"{t.name}.weight"] = self._sharded(g.shard[piece], t.num_embeddings)
+                    for name, s in g.shard_state.items():
+                        sd[f"{t.name}.{name}"] = self._sharded(s[piece], t.num_embeddings)
+                else:
+                    rows = g.table_slices(i)
+                    sd[f"{t.name}.weight"] = g.weight[rows]
+                    for name, s in g.state.items():
+                        sd[f"{t.name}.{name}"] = s[rows]
                 if g.seen is not None:
-                    sd[f"{t.name}.seen"] = g.seen[rows]
+                    sd[f"{t.name}.seen"] = g.seen[g.virtual_slice(i)]
         return sd
+
+    def _sharded(self, local: torch.Tensor, num_rows: int) -> torch.Tensor:
+        if self.world_size == 1:
+            return local
+        if self._mesh is None:
+            self._mesh = init_device_mesh(self.device.type, (self.world_size,))
+        shape = (num_rows, *local.shape[1:])
+        stride = torch.empty(shape, device="meta").stride()
+        return DTensor.from_local(local, self._mesh, [Shard(0)], run_check=False, shape=shape, stride=stride)
+
+    _mesh = None
+
+
+def _bound(t: config.TableConfig) -> float:
+    return math.sqrt(1.0 / t.num_embeddings)
+
+
+_INIT_BLOCK = 1 << 16
+
+
+def _seeded_uniform(out: torch.Tensor, first_row: int, bound: float, *, seed: int, table: int) -> None:
+    """Fill `out` (rows first_row.. of a table) with U(-bound, bound) drawn in fixed blocks of rows, each from
+    its own seed, so that any rank can draw any rows and they are the same at every world size."""
+    row, end = first_row, first_row + out.shape[0]
+    while row < end:
+        block = row // _INIT_BLOCK
+        gen = torch.Generator(device=out.device).manual_seed(
+            (seed * 1_000_003 + table) * 1_000_003 + block & 0x7FFF_FFFF_FFFF_FFFF
+        )
+        values = torch.empty(_INIT_BLOCK, out.shape[1], device=out.device).uniform_(
+            -bound, bound, generator=gen
+        )
+        hi = min(end, (block + 1) * _INIT_BLOCK)
+        out[row - first_row : hi - first_row] = values[row - block * _INIT_BLOCK : hi - block * _INIT_BLOCK]
+        row = hi
 
 
 def _mix(ids: torch.Tensor) -> torch.Tensor:

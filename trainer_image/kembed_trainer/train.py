@@ -29,6 +29,7 @@ class Trainer:
             device=env.device,
             seed=cfg.training.seed,
             world_size=env.world_size,
+            rank=env.rank,
         )
         self.task = models.build_task(cfg)
         self.data = data.build_data(cfg, rank=env.rank, world_size=env.world_size, ratings=self.task.ratings)
@@ -65,7 +66,12 @@ class Trainer:
         resumed_from = self.restore()
         total = self.cfg.training.steps
         self.reporter.emit(
-            "started", self.step, total_steps=total, world_size=self.env.world_size, resumed_from=resumed_from
+            "started",
+            self.step,
+            total_steps=total,
+            world_size=self.env.world_size,
+            resumed_from=resumed_from,
+            embedding_mb=round(self.embeddings.num_bytes / 2**20, 3),
         )
         window = _Window()
         while self.step < total:
@@ -107,13 +113,20 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
         scores, labels = [], []
-        for batch in self.data.eval_batches():
+        for batch in _until_all_ranks_done(
+            self.data.eval_batches(), self.embeddings.exchanges, self.env.device
+        ):
+            if batch is None:  # this rank is out of eval batches, others are not: serve their lookups
+                self.embeddings.lookup_nothing()
+                continue
             batch = batch.to(self.env.device)
             scores.append(self.model(batch.dense, self.embeddings(batch)))
             labels.append(batch.labels)
         self.embeddings.discard_lookup()
         self.model.train()
-        return self.task.evaluate(_gather(torch.cat(scores)), _gather(torch.cat(labels)))
+        empty = torch.empty(0, device=self.env.device)
+        scores_t, labels_t = (torch.cat(x) if x else empty for x in (scores, labels))
+        return self.task.evaluate(_gather(scores_t), _gather(labels_t))
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
@@ -199,6 +212,21 @@ class _Window:
         }
         self._reset()
         return out
+
+
+def _until_all_ranks_done(batches, in_lockstep: bool, device: torch.device):
+    """`batches`, then None until every rank is done too when ranks must look up in lockstep."""
+    if not in_lockstep:
+        yield from batches
+        return
+    it = iter(batches)
+    while True:
+        batch = next(it, None)
+        more = torch.tensor([float(batch is not None)], device=device)
+        dist.all_reduce(more)
+        if more.item() == 0:
+            return
+        yield batch
 
 
 def _gather(t: torch.Tensor) -> torch.Tensor:
