@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import io
+import json
+import subprocess
+import sys
+import time
+
 import fsspec
 import pytest
+from kembed_trainer import checkpoint, config, dist, report, train
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-from tests.trainer.conftest import run_trainer, tiny_config, write_config
+from tests.trainer.conftest import REPO, run_trainer, tiny_config, trainer_env, write_config
 
 
 def progress_losses(recs: list[dict]) -> dict[int, float]:
@@ -91,3 +99,79 @@ def test_checkpoint_loads_on_a_different_number_of_ranks(tmp_path, ckpt_uri, fir
     code, more, stderr = run_trainer(write_config(path, cfg), nproc=then)
     assert code == 0, stderr
     assert more[-1]["step"] == 30
+
+
+class SlowWriter(FsspecWriter):
+    """A checkpoint store that takes a while to write, like a slow S3 upload."""
+
+    delay_s = 1.0
+
+    def write_data(self, plan, planner):
+        time.sleep(self.delay_s)
+        return super().write_data(plan, planner)
+
+
+def test_training_goes_on_while_a_checkpoint_is_written(monkeypatch, ckpt_uri):
+    monkeypatch.setattr(checkpoint, "FsspecWriter", SlowWriter)
+    cfg = tiny_config(
+        checkpoint={"uri": ckpt_uri, "every_steps": 10, "keep": 5}, training={"steps": 30, "log_every": 1}
+    )
+    out = io.StringIO()
+    trainer = train.Trainer(
+        config.TrainerConfig.model_validate(cfg),
+        dist.setup("gloo", threads=1),
+        report.Reporter(enabled=True, out=out),
+    )
+    assert trainer.train() == 0
+    recs = [json.loads(line) for line in out.getvalue().splitlines()]
+    order = [(r["event"], r["step"]) for r in recs]
+    first = next(r for r in recs if r["event"] == "checkpoint")
+    assert first["step"] == 10
+    assert order.index(("progress", 11)) < order.index(
+        ("checkpoint", 10)
+    )  # step 11 trained during the upload
+    assert first["blocked_seconds"] < 0.5 < SlowWriter.delay_s <= first["seconds"]
+    # Every save landed, the last one before `done`.
+    assert [s for e, s in order if e == "checkpoint"] == [10, 20, 30] and order[-2] == ("checkpoint", 30)
+
+
+KILLED_MID_SAVE = """
+import sys, time
+from kembed_trainer import __main__, checkpoint
+
+class StuckAtStep20(checkpoint.FsspecWriter):
+    def write_data(self, plan, planner):
+        if "step-20" in str(self.path):
+            time.sleep(600)  # killed before this returns
+        return super().write_data(plan, planner)
+
+checkpoint.FsspecWriter = StuckAtStep20
+sys.exit(__main__.main(["--config", sys.argv[1]]))
+"""
+
+
+def test_a_checkpoint_killed_mid_save_is_never_loaded(tmp_path, ckpt_uri):
+    cfg = tiny_config(
+        checkpoint={"uri": ckpt_uri, "every_steps": 10, "keep": 5}, training={"steps": 1000, "log_every": 1}
+    )
+    path = write_config(tmp_path / "c.yaml", cfg)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_MID_SAVE, str(path)],
+        env=trainer_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    for line in proc.stdout:
+        if '"progress"' in line and json.loads(line)["step"] == 25:  # the step-20 save is in flight
+            break
+    proc.kill()
+    proc.wait(timeout=30)
+    step_20 = tmp_path / "ckpt" / "step-20"
+    assert step_20.exists() and not (step_20 / "COMPLETE").exists()
+
+    cfg["training"]["steps"] = 30
+    code, recs, stderr = run_trainer(write_config(path, cfg))
+    assert code == 0, stderr
+    assert recs[0]["resumed_from"] == f"{ckpt_uri}/step-10"
+    assert recs[-1]["checkpoint"] == f"{ckpt_uri}/step-30"

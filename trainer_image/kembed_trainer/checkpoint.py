@@ -3,6 +3,10 @@
 Every rank writes its part of a step folder; once DCP has written its metadata, rank 0 adds a `COMPLETE`
 marker. Only folders with the marker are ever loaded, so a save cut short (SIGKILL, node loss) costs only that
 save. DCP keys tensors by name, so a checkpoint written by N ranks loads on M.
+
+Saves are asynchronous: `save` copies the state (training goes on changing the originals) and hands the copy
+to a background thread, which writes it over a process group of its own (so its collectives never interleave
+with training's). Training waits only for the copy, and for a previous save still in flight.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ import re
 import sys
 import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import fsspec
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
@@ -40,7 +46,8 @@ class SavedCheckpoint:
     step: int
     uri: str
     num_bytes: int
-    seconds: float
+    seconds: float  # from the start of the save until its COMPLETE marker landed
+    blocked_seconds: float = 0.0  # how long training waited (for the copy, and for an earlier save)
 
 
 class Checkpointer:
@@ -49,6 +56,11 @@ class Checkpointer:
         self.keep = keep
         self.is_main = is_main
         self.fs, self.root = fsspec.core.url_to_fs(self.uri)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
+        self._inflight: Future[SavedCheckpoint] | None = None
+        self._landed: list[SavedCheckpoint] = []
+        # Saves talk over a group of their own, so their collectives never interleave with training's.
+        self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
 
     def step_uri(self, step: int) -> str:
         return f"{self.uri}/step-{step}"
@@ -57,22 +69,56 @@ class Checkpointer:
         """Steps with a complete checkpoint, newest first."""
         return [s for s in self._listed_steps() if self.fs.exists(f"{self.root}/step-{s}/{MARKER}")]
 
-    def save(self, step: int, state: dict[str, Any]) -> SavedCheckpoint:
+    def save(self, step: int, state: dict[str, Any]) -> None:
+        """Start saving `state` as step `step`; `poll` or `wait` tell when it landed. Collective."""
         start = time.perf_counter()
+        self._landed += self._finish()  # one save at a time
         path = f"{self.root}/step-{step}"
         if self.is_main and self.fs.exists(path):
             self.fs.rm(path, recursive=True)  # a partial save of this step from an earlier attempt
         _barrier()
+        staged = _copy(state)
+        blocked = time.perf_counter() - start
+        self._inflight = self._executor.submit(self._write, step, staged, start, blocked)
+
+    def poll(self) -> list[SavedCheckpoint]:
+        """The saves that landed since the last call (never blocks)."""
+        if self._inflight is not None and self._inflight.done():
+            self._landed += self._finish()
+        landed, self._landed = self._landed, []
+        return landed
+
+    def wait(self) -> list[SavedCheckpoint]:
+        """Block until no save is in flight; then as `poll`."""
+        self._landed += self._finish()
+        return self.poll()
+
+    def close(self) -> None:
+        self._finish()
+        self._executor.shutdown()
+
+    def _finish(self) -> list[SavedCheckpoint]:
+        if self._inflight is None:
+            return []
+        inflight, self._inflight = self._inflight, None
+        return [inflight.result()]  # a failed save raises here, in the training thread
+
+    def _write(self, step: int, staged: dict[str, Any], start: float, blocked: float) -> SavedCheckpoint:
+        path = f"{self.root}/step-{step}"
         with warnings.catch_warnings():  # a single process without a process group is intended
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.save(state, storage_writer=FsspecWriter(self.step_uri(step), sync_files=False))
+            dcp.save(
+                staged,
+                storage_writer=FsspecWriter(self.step_uri(step), sync_files=False),
+                process_group=self._group,
+            )
+        # dcp.save returns on rank 0 only after every rank's files are written and the metadata with them.
         num_bytes = 0
         if self.is_main:
             self.fs.pipe_file(f"{path}/{MARKER}", json.dumps({"step": step}).encode())
             num_bytes = int(self.fs.du(path))
             self._prune()
-        _barrier()  # no rank races ahead and deletes or rewrites while rank 0 marks this one
-        return SavedCheckpoint(step, self.step_uri(step), num_bytes, time.perf_counter() - start)
+        return SavedCheckpoint(step, self.step_uri(step), num_bytes, time.perf_counter() - start, blocked)
 
     def load_latest(self, state: dict[str, Any]) -> int | None:
         """Load the newest complete checkpoint that reads back into `state`; its step, or None if none exists.
@@ -112,6 +158,19 @@ class Checkpointer:
         for step in self._listed_steps():
             if step not in kept and step < kept[0]:
                 self.fs.rm(f"{self.root}/step-{step}", recursive=True)
+
+
+def _copy(state: Any) -> Any:
+    """A copy of every tensor in a (nested) state dict, on the CPU where it is plain, so training can go on."""
+    if isinstance(state, dict):
+        return {k: _copy(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_copy(v) for v in state]
+    if isinstance(state, torch.Tensor):
+        if type(state) is torch.Tensor:
+            return state.detach().to("cpu", copy=True)
+        return state.detach().clone()  # a DTensor keeps its placement; its local rows are copied
+    return state
 
 
 def _barrier() -> None:

@@ -58,7 +58,8 @@ class Trainer:
         )
         self.step = 0
         self.stop_requested = False
-        self._last_saved: checkpoint.SavedCheckpoint | None = None
+        self._last_saved: checkpoint.SavedCheckpoint | None = None  # the newest that landed
+        self._saved_step: int | None = None  # the newest saved, landed or in flight
 
     # ------------------------------------------------------------------------------------------- the loop
     def train(self) -> int:
@@ -84,13 +85,14 @@ class Trainer:
             if self._due(self.cfg.training.eval_every) and self.step < total:
                 self.reporter.emit("eval", self.step, **self.evaluate())
             if stop:
-                self.save()
+                self.save(wait=True)
                 return EXIT_PREEMPTED
             if self._due(self.cfg.checkpoint.every_steps) and self.step < total:
                 self.save()
+            self._report_saves(wait=False)
         result = self.evaluate()
         self.reporter.emit("eval", self.step, **result)
-        self.save()
+        self.save(wait=True)
         self.reporter.emit(
             "done", self.step, eval=result, checkpoint=self._last_saved.uri if self._last_saved else None
         )
@@ -152,22 +154,32 @@ class Trainer:
         self.step = int(state["trainer"]["step"])
         # The restored checkpoint already holds this step: a run resumed at its end must not rewrite it.
         self._last_saved = checkpoint.SavedCheckpoint(step, self.checkpointer.step_uri(step), 0, 0.0)
+        self._saved_step = step
         return self._last_saved.uri
 
-    def save(self) -> None:
+    def save(self, *, wait: bool = False) -> None:
+        """Start a checkpoint of this step (unless there is one); with `wait`, return once every save landed."""
         if self.checkpointer is None:
             return
-        if self._last_saved is not None and self._last_saved.step == self.step:
+        if self._saved_step != self.step:
+            self.checkpointer.save(self.step, self.state_dict())
+            self._saved_step = self.step
+        if wait:
+            self._report_saves(wait=True)
+
+    def _report_saves(self, *, wait: bool) -> None:
+        if self.checkpointer is None:
             return
-        saved = self.checkpointer.save(self.step, self.state_dict())
-        self._last_saved = saved
-        self.reporter.emit(
-            "checkpoint",
-            saved.step,
-            uri=saved.uri,
-            num_bytes=saved.num_bytes,
-            seconds=round(saved.seconds, 3),
-        )
+        for saved in self.checkpointer.wait() if wait else self.checkpointer.poll():
+            self._last_saved = saved
+            self.reporter.emit(
+                "checkpoint",
+                saved.step,
+                uri=saved.uri,
+                num_bytes=saved.num_bytes,
+                seconds=round(saved.seconds, 3),
+                blocked_seconds=round(saved.blocked_seconds, 3),
+            )
 
     # ------------------------------------------------------------------------------------------- helpers
     def _due(self, every: int) -> bool:
