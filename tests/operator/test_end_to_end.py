@@ -1,0 +1,90 @@
+"""One real gang on the test kubelet's local node: trains, checkpoints to S3 (moto), loses a pod, resumes, succeeds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+
+import pytest
+
+from tests.cluster import controlplane
+from tests.cluster.fixture import Cluster, wait_for
+from tests.operator import harness
+from tests.operator.harness import JobBuilder, job_pods, wait_phase
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def local_operator(platform: Cluster, s3_server, tmp_path):
+    process = harness.OperatorProcess(
+        platform, tmp_path, name="e2e-operator", peering_name="kembed-e2e",
+        trainer_node_selector={controlplane.LOCAL_NODE_LABEL: "true"},
+        trainer_tolerations=[{"key": controlplane.LOCAL_NODE_TAINT_KEY, "operator": "Exists",
+                              "effect": "NoSchedule"}],
+        s3_endpoint_url=s3_server.endpoint_url, rendezvous_port=_free_port(), rendezvous_timeout_s=120,
+    ).start()
+    yield process
+    process.stop()
+    assert not process.forbidden_lines(), process.forbidden_lines()
+
+
+def _kill_pod_processes(cluster: Cluster, pod) -> None:
+    """What a node failure or an OOM kill does: every process of the pod gets SIGKILL (exit 137)."""
+    pgid_files = list((cluster.run_dir / "kubelet" / "pods" / pod.metadata.uid).glob("*.pgid"))
+    assert pgid_files, f"no running process recorded for pod {pod.metadata.name}"
+    for pgid_file in pgid_files:
+        os.killpg(int(pgid_file.read_text()), signal.SIGKILL)
+
+
+def test_a_two_node_cpu_gang_survives_a_killed_pod_and_resumes_from_its_s3_checkpoint(platform: Cluster, s3_server,
+                                                                                       local_operator):
+    s3_server.create_bucket("kembed-test")
+    tenant = harness.tenant_name()
+    namespace = harness.create_tenant(platform, tenant)
+    job = (JobBuilder("e2e").nodes(2).cpu_only(procs_per_node=1, cpu=1, memory="2Gi").max_restarts(2)
+           .trainer(training={"steps": 4000, "log_every": 50, "threads": 1}, checkpoint={"every_steps": 200})
+           .create(platform, tenant))
+
+    wait_phase(platform, namespace, job, "RUNNING", timeout_s=120)
+    checkpointed = wait_for(lambda: (harness.job_status(platform, namespace, job).get("lastCheckpoint") or {}).get(
+        "step", 0) >= 200, timeout_s=300, interval_s=1, what="a first checkpoint in S3")
+    assert checkpointed
+    first_checkpoint = harness.job_status(platform, namespace, job)["lastCheckpoint"]
+    assert first_checkpoint["uri"].startswith(f"s3://kembed-test/{tenant}/{job}/step-")
+
+    gang = sorted(job_pods(platform, namespace, job), key=lambda p: p.metadata.name)
+    assert len(gang) == 2, (harness.job_status(platform, namespace, job),
+                            [(p.metadata.name, p.status.phase) for p in gang])
+    victim = gang[1]
+    _kill_pod_processes(platform, victim)
+
+    restarting = wait_phase(platform, namespace, job, "RESTARTING", "FAILED", timeout_s=60)
+    assert restarting["phase"] == "RESTARTING", [
+        (e.last_timestamp, e.reason, e.message) for e in harness.events_of(platform, namespace, job)]
+    assert "137 (SIGKILL)" in restarting["message"]
+    wait_phase(platform, namespace, job, "RUNNING", timeout_s=180)
+    rank0 = next(p for p in job_pods(platform, namespace, job)
+                 if p.metadata.labels["kembed.io/attempt"] == "1" and p.metadata.name.startswith(f"{job}-0-"))
+
+    def started_record():
+        for line in platform.pod_log(namespace, rank0.metadata.name).splitlines():
+            if line.startswith('{"event": "started"'):
+                return json.loads(line)
+        return None
+
+    started = wait_for(started_record, timeout_s=120, interval_s=1, what="the resumed trainer's started record")
+    assert started["resumed_from"] and started["step"] >= first_checkpoint["step"], started
+
+    done = wait_phase(platform, namespace, job, "SUCCEEDED", "FAILED", timeout_s=600)
+    assert done["phase"] == "SUCCEEDED", done
+    assert done["restartCount"] == 1 and done["progress"]["percent"] == 100
+    assert done["lastCheckpoint"]["uri"].endswith("/step-4000")
