@@ -39,11 +39,34 @@ def test_s3_checkpoints_keep_the_latest_k_and_resume(tmp_path, s3_server):
     assert recs[-1]["checkpoint"] == f"{uri}/step-50"
 
 
-def test_resumed_run_gives_the_same_losses_as_an_uninterrupted_one(tmp_path):
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param({}, id="dense"),
+        pytest.param(
+            {
+                "sparsity": {
+                    "method": "score",
+                    "target": 0.6,
+                    "dense_until": 5,
+                    "increase": 0.3,
+                    "increase_every": 8,
+                    "every_steps": 4,
+                    "block_size": 2,
+                }
+            },
+            id="sparse-masks",
+        ),
+        pytest.param({"training": {"mixed_precision": "bf16"}}, id="bf16"),
+    ],
+)
+def test_resumed_run_gives_the_same_losses_as_an_uninterrupted_one(tmp_path, extra):
     def run(name: str, steps: int, uri: str) -> list[dict]:
         cfg = tiny_config(
             checkpoint={"uri": uri, "every_steps": 0}, training={"steps": steps, "log_every": 1}
         )
+        for section, values in extra.items():
+            cfg.setdefault(section, {}).update(values)
         code, recs, stderr = run_trainer(write_config(tmp_path / f"{name}.yaml", cfg))
         assert code == 0, stderr
         return recs

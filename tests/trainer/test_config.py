@@ -45,6 +45,21 @@ def test_shipped_examples_validate(example):
             id="unsupported-scheme",
         ),
         pytest.param(
+            {"sparsity": {"target": 1.0}},
+            "sparsity.target: Input should be less than 1",
+            id="sparsity-target",
+        ),
+        pytest.param(
+            {"sparsity": {"target": 0.5, "method": "magnitude"}},
+            "sparsity.method: Input should be",
+            id="mask-method",
+        ),
+        pytest.param(
+            {"training": {"mixed_precision": "fp8"}},
+            "training.mixed_precision: Input should be",
+            id="precision",
+        ),
+        pytest.param(
             {"embeddings": {"shard_threshold_rows": 0}},
             "embeddings.shard_threshold_rows: Input should be greater than 0",
             id="shard-threshold",

@@ -23,6 +23,7 @@ __all__ = [
     "ModelConfig",
     "OptimizerConfig",
     "SparseOptimizerConfig",
+    "SparsityConfig",
     "SyntheticDataConfig",
     "TableConfig",
     "TableDataConfig",
@@ -245,6 +246,11 @@ class OptimizerConfig(_Strict):
 
 # ----------------------------------------------------------------------------------------------- run
 class TrainingConfig(_Strict):
+    mixed_precision: Literal["none", "bf16"] = Field(
+        "none",
+        description="bf16: the dense model runs under autocast in bfloat16 (weights, optimizer and embedding "
+        "tables stay float32); faster on GPUs and CPUs with bf16 units, slightly less precise.",
+    )
     steps: PositiveInt = Field(description="Total optimizer steps (a resumed run continues up to this).")
     batch_size: PositiveInt = Field(description="Samples per rank per step.")
     seed: int = 0
@@ -274,6 +280,44 @@ class CheckpointConfig(_Strict):
         return uri
 
 
+class SparsityConfig(_Strict):
+    """Dynamic sparse training of the dense weights (every weight matrix; biases stay dense).
+
+    Dense until `dense_until`, then the masked fraction rises by `increase` every `increase_every` steps up to
+    `target`; masks are chosen again at each rise and every `every_steps`. Masked weights are zero and get no
+    updates (their gradients are masked and the mask is applied again after each optimizer step); a weight the
+    mask lets back in restarts from zero.
+    """
+
+    method: Literal["topk", "random", "score"] = Field(
+        "topk",
+        description="topk: keep the largest |w|; random: a random subset (seeded by training.seed and the step); "
+        "score: keep the largest |w| / mean|w| + grad_weight * |grad| / mean|grad|, so weights with large "
+        "gradients can grow back.",
+    )
+    target: Annotated[float, Field(gt=0, lt=1)] = Field(
+        description="Final fraction of each weight matrix masked."
+    )
+    dense_until: Annotated[int, Field(ge=0)] = Field(
+        0, description="Steps trained dense before masking starts."
+    )
+    increase: Annotated[float, Field(gt=0, le=1)] = Field(
+        1.0,
+        description="Masked fraction added at each rise (0.1 = +10% of the weights); 1 = all of `target` at once.",
+    )
+    increase_every: PositiveInt = Field(100, description="Steps between rises.")
+    every_steps: Annotated[int, Field(ge=0)] = Field(
+        0, description="Steps between re-selections at a constant fraction; 0 = only when the fraction rises."
+    )
+    block_size: PositiveInt = Field(
+        1,
+        description="Mask square blocks of this many rows and columns (1 = element-wise); edge blocks may be smaller.",
+    )
+    grad_weight: Annotated[float, Field(ge=0)] = Field(
+        1.0, description="score only: weight of the gradient term."
+    )
+
+
 class DistributedConfig(_Strict):
     backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="auto = nccl when CUDA is available, else gloo."
@@ -292,6 +336,9 @@ class TrainerConfig(_Strict):
     training: TrainingConfig
     checkpoint: CheckpointConfig = CheckpointConfig()
     distributed: DistributedConfig = DistributedConfig()
+    sparsity: SparsityConfig | None = Field(
+        None, description="Dynamic sparse masks over the dense weights; null = dense."
+    )
 
     @model_validator(mode="after")
     def _model_fits_tables(self) -> TrainerConfig:

@@ -11,7 +11,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
-from kembed_trainer import checkpoint, config, data, embedding, metrics, models, report
+from kembed_trainer import checkpoint, config, data, embedding, metrics, models, report, sparsity
 from kembed_trainer import dist as kdist
 
 __all__ = ["EXIT_PREEMPTED", "Trainer"]
@@ -34,6 +34,7 @@ class Trainer:
         self.task = models.build_task(cfg)
         self.data = data.build_data(cfg, rank=env.rank, world_size=env.world_size, ratings=self.task.ratings)
         dense = models.build_dense_model(cfg).to(env.device)
+        self.masks = sparsity.Masks(cfg.sparsity, dense, seed=cfg.training.seed)
         has_params = any(True for _ in dense.parameters())  # word2vec has none: nothing for DDP to do
         self.model = DistributedDataParallel(dense) if env.distributed and has_params else dense
         if isinstance(self.model, DistributedDataParallel) and cfg.distributed.grad_compression != "none":
@@ -81,7 +82,8 @@ class Trainer:
             self.step += 1
             stop = self._sync_stop_and_loss(loss, window, started)
             if self._due(self.cfg.training.log_every):
-                self.reporter.emit("progress", self.step, total_steps=total, **window.flush(self))
+                stats = {**window.flush(self), **self.masks.stats()}
+                self.reporter.emit("progress", self.step, total_steps=total, **stats)
             if self._due(self.cfg.training.eval_every) and self.step < total:
                 self.reporter.emit("eval", self.step, **self.evaluate())
             if stop:
@@ -101,13 +103,16 @@ class Trainer:
     # ------------------------------------------------------------------------------------------- steps
     def train_step(self) -> torch.Tensor:
         batch = self.data.train_batch(self.step).to(self.env.device)
-        logits = self.model(batch.dense, self.embeddings(batch))
-        loss = self.task.loss(logits, batch.labels)
+        pooled = self.embeddings(batch)  # tables stay float32, whatever the dense precision
+        with self._autocast():
+            loss = self.task.loss(self.model(batch.dense, pooled), batch.labels)
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # DDP averages the dense gradients here
         if self.optimizer is not None:
+            self.masks.before_optimizer(self.step)
             self.optimizer.step()
+            self.masks.after_optimizer()
         self.embeddings.step(self.step)
         return loss.detach()
 
@@ -122,7 +127,9 @@ class Trainer:
                 self.embeddings.lookup_nothing()
                 continue
             batch = batch.to(self.env.device)
-            scores.append(self.model(batch.dense, self.embeddings(batch)))
+            pooled = self.embeddings(batch)
+            with self._autocast():
+                scores.append(self.model(batch.dense, pooled).float())
             labels.append(batch.labels)
         self.embeddings.discard_lookup()
         self.model.train()
@@ -133,6 +140,8 @@ class Trainer:
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
         state = {"embeddings": self.embeddings.state_dict(), "trainer": {"step": torch.tensor(self.step)}}
+        if masks := self.masks.state_dict():
+            state["sparsity"] = masks
         if self.optimizer is not None:
             state["model"], state["optimizer"] = get_state_dict(self.model, self.optimizer)
         return state
@@ -182,6 +191,10 @@ class Trainer:
             )
 
     # ------------------------------------------------------------------------------------------- helpers
+    def _autocast(self) -> torch.autocast:
+        bf16 = self.cfg.training.mixed_precision == "bf16"
+        return torch.autocast(self.env.device.type, dtype=torch.bfloat16, enabled=bf16)
+
     def _due(self, every: int) -> bool:
         return every > 0 and self.step % every == 0
 
