@@ -691,6 +691,13 @@ def cleanup_stale_runs(root: pathlib.Path | None = None) -> list[pathlib.Path]:
             stop_run_dir(state_file.parent)
             shutil.rmtree(state_file.parent, ignore_errors=True)
             cleaned.append(state_file.parent)
+            # A record of who ended which cluster and why, for the day a cluster vanishes under a test.
+            with open(root / "cleanup.log", "a") as record:
+                record.write(
+                    f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid {os.getpid()} ({' '.join(sys.argv)[:200]}) ended "
+                    f"{state_file.parent.name}: owner {owner} not running "
+                    f"(its start time now {_process_start_time(owner['pid'])})\n"
+                )
     return cleaned
 
 

@@ -402,7 +402,34 @@ class PodWorker(threading.Thread):
             env[var["name"]] = value.decode() if isinstance(value, bytes) else str(value)
         return {k: rewrite_text(v) for k, v in env.items()}
 
+    def _prepare_until_ready(self) -> bool:
+        """Prepares the pod's containers. A ConfigMap or Secret that cannot be read yet keeps the pod Pending and
+        is retried, as a real kubelet does: it may not exist yet (404), or the Node authorizer may not have seen
+        the pod's binding to this node yet (403, "no relationship found"). A spec this kubelet cannot run fails
+        the pod at once."""
+        delay_s, reported = 0.5, None
+        while not self.stopping.is_set():
+            try:
+                self._prepare()
+                return True
+            except Exception as error:
+                if not (isinstance(error, ApiException) and error.status in (403, 404)):
+                    log.exception("preparing %s", self.name)
+                    for run in self.runs:
+                        run.waiting_reason = "CreateContainerConfigError"
+                    self.phase, self.message = "Failed", f"kembed test kubelet cannot run this pod: {error}"
+                    self.push_status()
+                    return False
+                self.message = f"waiting for a ConfigMap or Secret that cannot be read yet: {error.body}"
+                if self.message != reported:
+                    reported = self.message
+                    self.push_status()
+            self.stopping.wait(delay_s)
+            delay_s = min(delay_s * 2, 5.0)
+        return False
+
     def _prepare(self) -> None:
+        self.init_runs, self.runs, self.message = [], [], None
         spec = self.pod["spec"]
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         rewrite_dns = dns_rewriter(self.pod)
@@ -488,16 +515,9 @@ class PodWorker(threading.Thread):
 
     # -- running --
     def run(self) -> None:
-        try:
-            self._prepare()
-        except (
-            Exception
-        ) as error:  # a bad spec fails the pod with the reason, as CreateContainerConfigError does
-            log.exception("preparing %s", self.name)
-            for run in self.runs or []:
-                run.waiting_reason = "CreateContainerConfigError"
-            self.phase, self.message = "Failed", f"kembed test kubelet cannot run this pod: {error}"
-            self.push_status()
+        if not self._prepare_until_ready():
+            if self.stopping.is_set():
+                self.kubelet.finish_deletion(self.pod)
             return
         log.info("starting %s", self.name)
         self.push_status()

@@ -238,6 +238,29 @@ def test_local_indexed_job_gets_config_files_index_and_cluster_dns(cluster: Clus
     assert logs == [f"index {i} master 127.0.0.1\napi: http://127.0.0.1:8000\n" for i in (0, 1)]
 
 
+def test_a_local_pod_waits_for_a_config_map_created_after_it(cluster: Cluster, namespace: str):
+    core = cluster.core()
+    pod = cluster.local_pod("late", ["python", "-c", "import os; print(os.environ['GREETING'])"])
+    pod["spec"]["containers"][0]["env"] = [
+        {"name": "GREETING", "valueFrom": {"configMapKeyRef": {"name": "late-config", "key": "greeting"}}}
+    ]
+    core.create_namespaced_pod(namespace, pod)
+    wait_for(
+        lambda: (
+            "waiting for a ConfigMap" in (core.read_namespaced_pod("late", namespace).status.message or "")
+        ),
+        timeout_s=60,
+        what="the kubelet to report the missing ConfigMap",
+    )
+    assert core.read_namespaced_pod("late", namespace).status.phase == "Pending"
+
+    core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "late-config"}, "data": {"greeting": "hi"}}
+    )
+    assert cluster.wait_pod_phase(namespace, "late", timeout_s=60).status.phase == "Succeeded"
+    assert cluster.pod_log(namespace, "late") == "hi\n"
+
+
 def test_deleting_a_local_pod_sends_sigterm_to_its_processes(cluster: Cluster, namespace: str, tmp_path):
     marker = tmp_path / "got-sigterm"
     script = textwrap.dedent(f"""
