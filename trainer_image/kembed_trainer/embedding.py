@@ -132,6 +132,8 @@ class _Group:
         repl_rows = within[repl_pos] + self.repl_starts[table[repl_pos]]
         owner, local = self.layout.locate(table[shard_pos], within[shard_pos])
         exchange = sharding.Exchange.plan(owner, local, self.layout.world_size)
+        if repl_pos.numel() == 0 and self.weight.shape[0] == 0:  # only sharded tables: no merging to do
+            return exchange.fetch(self.shard), _Touched(repl_rows, repl_pos, shard_pos, exchange)
         vectors = torch.empty(rows.numel(), self.dim, device=rows.device)
         vectors[repl_pos] = self.weight[repl_rows]
         vectors[shard_pos] = exchange.fetch(self.shard)

@@ -52,17 +52,17 @@ class Exchange:
     """One lookup's all-to-all plan: this rank asked `send_counts[r]` rows of rank r and was asked for
     `requested` (its own local rows, `recv_counts[r]` of them by rank r)."""
 
-    order: torch.Tensor  # sorts this rank's wanted rows by owner
+    order: torch.Tensor | None  # sorts this rank's wanted rows by owner (None: one rank, nothing to sort)
     send_counts: list[int]
     recv_counts: list[int]
     requested: torch.Tensor
 
     @classmethod
     def plan(cls, owner: torch.Tensor, local_row: torch.Tensor, world_size: int) -> Exchange:
+        if world_size == 1:  # every row is here, and unique: no exchange, no sorting, no summing
+            return cls(None, [owner.numel()], [owner.numel()], local_row)
         order = torch.argsort(owner, stable=True)
         send = torch.bincount(owner, minlength=world_size)
-        if world_size == 1:
-            return cls(order, send.tolist(), send.tolist(), local_row[order])
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send)
         send_counts, recv_counts = send.tolist(), recv.tolist()
@@ -73,23 +73,20 @@ class Exchange:
     def fetch(self, local_matrix: torch.Tensor) -> torch.Tensor:
         """The wanted rows, in the order they were asked for, from their owners' `local_matrix`."""
         answer = local_matrix[self.requested]
-        if len(self.send_counts) == 1:
-            got = answer
-        else:
-            got = answer.new_empty(sum(self.send_counts), local_matrix.shape[1])
-            dist.all_to_all_single(got, answer, self.send_counts, self.recv_counts)
+        if self.order is None:
+            return answer
+        got = answer.new_empty(sum(self.send_counts), local_matrix.shape[1])
+        dist.all_to_all_single(got, answer, self.send_counts, self.recv_counts)
         out = torch.empty_like(got)
         out[self.order] = got
         return out
 
     def return_grads(self, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Send each wanted row's gradient to its owner: (unique local rows, their summed gradients)."""
-        sorted_grad = grad[self.order]
-        if len(self.send_counts) == 1:
-            got = sorted_grad
-        else:
-            got = grad.new_empty(sum(self.recv_counts), grad.shape[1])
-            dist.all_to_all_single(got, sorted_grad.contiguous(), self.recv_counts, self.send_counts)
+        if self.order is None:
+            return self.requested, grad
+        got = grad.new_empty(sum(self.recv_counts), grad.shape[1])
+        dist.all_to_all_single(got, grad[self.order], self.recv_counts, self.send_counts)
         rows, inverse = torch.unique(self.requested, return_inverse=True)
         summed = torch.zeros(rows.numel(), grad.shape[1], dtype=grad.dtype, device=grad.device)
         summed.index_add_(0, inverse, got)
