@@ -17,6 +17,7 @@ from kembed_api.backends.local import LocalBackend
 from kembed_api.db import Database, upgrade_to_head
 from kembed_api.dispatcher import Dispatcher
 from kembed_api.jobs import router as jobs_router
+from kembed_api.jobs.forecasts import Forecasts
 from kembed_api.observability import Metrics, configure_json_logging
 from kembed_api.settings import Backend as BackendKind
 from kembed_api.settings import Settings
@@ -72,6 +73,7 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
                                 metrics=metrics, admission_paused=settings.admission_paused)
         app.state.settings, app.state.db, app.state.metrics = settings, db, metrics
         app.state.dispatcher, app.state.backend = dispatcher, dispatcher.backend
+        app.state.forecasts = Forecasts(capacity=dispatcher.backend.capacity)
         dispatcher.start()
         log.info("kembed API ready (backend %s, database %s)", settings.backend.value, db.engine.url.get_backend_name())
         try:

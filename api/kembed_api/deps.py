@@ -10,15 +10,15 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from kembed_api.admission import Quota
 from kembed_api.auth import service as auth_service
 from kembed_api.auth.roles import Action, Role, allowed
 from kembed_api.db import Database
+from kembed_api.jobs.forecasts import Forecasts
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import ensure_tenant
 
 __all__ = [
-    "Admin", "BackendCapacity", "Db", "DbSession", "Principal", "Reader", "Submitter", "TokenManager",
+    "Admin", "Db", "DbSession", "Principal", "QueueForecasts", "Reader", "Submitter", "TokenManager",
 ]
 
 _bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer kmb_...`")
@@ -85,8 +85,8 @@ TokenManager = Annotated[Principal, Depends(_require(Action.MANAGE_TOKENS))]
 Admin = Annotated[Principal, Depends(_require(Action.MANAGE_TENANTS))]
 
 
-def _capacity(request: Request) -> Quota:
-    return request.app.state.backend.capacity()
+def _forecasts(request: Request) -> Forecasts:
+    return request.app.state.forecasts
 
 
-BackendCapacity = Annotated[Quota, Depends(_capacity)]
+QueueForecasts = Annotated[Forecasts, Depends(_forecasts)]

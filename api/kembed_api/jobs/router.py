@@ -9,8 +9,9 @@ from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
 
 from kembed_api import checkpoints
-from kembed_api.deps import BackendCapacity, Db, DbSession, Reader, Submitter
+from kembed_api.deps import Db, DbSession, QueueForecasts, Reader, Submitter
 from kembed_api.jobs import service
+from kembed_api.jobs.forecasts import Forecasts
 from kembed_api.jobs.models import Job
 from kembed_api.jobs.schemas import JobCreate, JobEventRead, JobList, JobMetricRead, JobRead, ReportRecord
 from kembed_api.spec import JobSpec, JobState
@@ -20,6 +21,10 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 _NOT_FOUND = {404: {"description": "No such job for this tenant (another tenant's job is not found either)."}}
 _AUTH = {401: {"description": "Missing, invalid, expired or revoked token."},
          403: {"description": "The token's role may not do this (viewers only read)."}}
+
+
+def _forecast_of(session, principal, forecasts: Forecasts):
+    return lambda job: forecasts.of_tenant(session, tenant=principal.tenant, must_include=job.seq).get(job.seq)
 
 
 def _not_found(job_id: str) -> HTTPException:
@@ -44,7 +49,6 @@ def submit_job(
     response: Response,
     db: Db,
     principal: Submitter,
-    capacity: BackendCapacity,
     idempotency_key: Annotated[
         str | None,
         Header(max_length=200, description="Retries with the same key return the first job instead of a new one."),
@@ -68,30 +72,35 @@ def submit_job(
     if not created:
         response.status_code = status.HTTP_200_OK
     with db.session() as session:
-        return service.read_job(session, tenant=principal.tenant, job_id=job.id, capacity=capacity)
+        # A new job's place in the queue is counted; its estimated start comes with later reads.
+        return service.read_job(session, tenant=principal.tenant, job_id=job.id,
+                                forecast=lambda queued: (service.queue_position(session, job=queued), None))
 
 
 @router.get("", response_model=JobList, responses=_AUTH, summary="List jobs, newest first")
 def list_jobs(
     session: DbSession,
     principal: Reader,
-    capacity: BackendCapacity,
+    forecasts: QueueForecasts,
     state: Annotated[list[JobState] | None, Query(description="Only jobs in these states.")] = None,
     name: Annotated[str | None, Query(max_length=48, description="Only jobs submitted with this name.")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=64, description="`next_cursor` of the previous page.")] = None,
 ) -> JobList:
     try:
-        return service.list_jobs(session, tenant=principal.tenant, capacity=capacity, states=state, name=name,
-                                 limit=limit, cursor=cursor)
+        return service.list_jobs(
+            session, tenant=principal.tenant, states=state, name=name, limit=limit, cursor=cursor,
+            forecast=lambda: forecasts.of_tenant(session, tenant=principal.tenant),
+        )
     except ValueError as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=f"cursor: {error}") from error
 
 
 @router.get("/{job_id}", response_model=JobRead, responses={**_NOT_FOUND, **_AUTH}, summary="One job with its events")
-def get_job(job_id: str, session: DbSession, principal: Reader, capacity: BackendCapacity) -> JobRead:
+def get_job(job_id: str, session: DbSession, principal: Reader, forecasts: QueueForecasts) -> JobRead:
     try:
-        return service.read_job(session, tenant=principal.tenant, job_id=job_id, capacity=capacity)
+        return service.read_job(session, tenant=principal.tenant, job_id=job_id,
+                                forecast=_forecast_of(session, principal, forecasts))
     except service.JobNotFound:
         raise _not_found(job_id) from None
 
@@ -103,7 +112,7 @@ def get_job(job_id: str, session: DbSession, principal: Reader, capacity: Backen
     responses={**_NOT_FOUND, **_AUTH},
     summary="Cancel a job (a running one saves a checkpoint first)",
 )
-def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, capacity: BackendCapacity) -> JobRead:
+def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, forecasts: QueueForecasts) -> JobRead:
     try:
         with db.session(write=True) as session:
             service.request_cancel(session, tenant=principal.tenant, job_id=job_id)
@@ -111,7 +120,8 @@ def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, capa
         raise _not_found(job_id) from None
     request.app.state.dispatcher.wake()
     with db.session() as session:
-        return service.read_job(session, tenant=principal.tenant, job_id=job_id, capacity=capacity)
+        return service.read_job(session, tenant=principal.tenant, job_id=job_id,
+                                forecast=_forecast_of(session, principal, forecasts))
 
 
 @router.get(

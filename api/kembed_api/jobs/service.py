@@ -47,6 +47,7 @@ __all__ = [
     "list_metrics",
     "new_report_token",
     "queue_forecast",
+    "queue_position",
     "read_job",
     "request_cancel",
     "submit",
@@ -232,8 +233,8 @@ def _decode_cursor(cursor: str) -> int:
 
 
 def list_jobs(
-    session: Session, *, tenant: Tenant, capacity: Quota, states: list[JobState] | None = None, limit: int = 50,
-    cursor: str | None = None, name: str | None = None, now: datetime | None = None,
+    session: Session, *, tenant: Tenant, forecast: Callable[[], dict[int, tuple[int, datetime | None]]],
+    states: list[JobState] | None = None, limit: int = 50, cursor: str | None = None, name: str | None = None,
 ) -> JobList:
     """Newest first, `limit` at a time."""
     query = select(Job).where(Job.tenant_id == tenant.id).order_by(Job.seq.desc()).limit(limit + 1)
@@ -245,10 +246,9 @@ def list_jobs(
         query = query.where(Job.seq < _decode_cursor(cursor))
     jobs = list(session.scalars(query))
     page, more = jobs[:limit], len(jobs) > limit
-    forecast = queue_forecast(session, tenant=tenant, capacity=capacity, now=now) if any(
-        j.state == JobState.QUEUED for j in page) else {}
+    queued = forecast() if any(j.state == JobState.QUEUED for j in page) else {}
     return JobList(
-        items=[to_read(job, tenant_name=tenant.name, queue=forecast.get(job.seq)) for job in page],
+        items=[to_read(job, tenant_name=tenant.name, queue=queued.get(job.seq)) for job in page],
         next_cursor=_encode_cursor(page[-1].seq) if more else None,
     )
 
@@ -282,12 +282,11 @@ def demand_from_columns(gpus: int, cpu: float, memory_bytes: int, processes: int
 
 
 def queue_forecast(
-    session: Session, *, tenant: Tenant, capacity: Quota, now: datetime | None = None, until_seq: int | None = None
+    session: Session, *, tenant: Tenant, capacity: Quota, now: datetime | None = None
 ) -> dict[int, tuple[int, datetime | None]]:
     """For QUEUED jobs of the tenant: (position in admission order, estimated start or None).
 
-    With `until_seq`, only up to that job (what a single job's page needs). Reads columns, not whole rows: this
-    runs on every read of a queued job.
+    Reads columns, not whole rows; callers cache it (kembed_api.jobs.forecasts).
     """
     now = now or utcnow()
     queued = session.execute(
@@ -295,9 +294,6 @@ def queue_forecast(
         .where(Job.tenant_id == tenant.id, Job.state == JobState.QUEUED)
         .order_by(Job.priority.desc(), Job.seq)
     ).all()
-    if until_seq is not None:
-        cut = next((i for i, row in enumerate(queued) if row.seq == until_seq), len(queued) - 1)
-        queued = queued[: cut + 1]
     if not queued:
         return {}
     active = session.execute(
@@ -363,10 +359,21 @@ def to_read(
     )
 
 
-def read_job(session: Session, *, tenant: Tenant, job_id: str, capacity: Quota) -> JobRead:
+def queue_position(session: Session, *, job: Job) -> int:
+    """1 + the tenant's queued jobs admitted before this one (higher priority, or same priority and older)."""
+    ahead = session.scalar(select(func.count()).where(
+        Job.tenant_id == job.tenant_id, Job.state == JobState.QUEUED,
+        (Job.priority > job.priority) | ((Job.priority == job.priority) & (Job.seq < job.seq)),
+    ))
+    return (ahead or 0) + 1
+
+
+def read_job(
+    session: Session, *, tenant: Tenant, job_id: str, forecast: Callable[[Job], tuple[int, datetime | None] | None]
+) -> JobRead:
+    """The job with its events; `forecast` gives a QUEUED job's position and estimated start."""
     job = get_job(session, tenant=tenant, job_id=job_id)
-    queue = queue_forecast(session, tenant=tenant, capacity=capacity, until_seq=job.seq).get(job.seq) if (
-        job.state == JobState.QUEUED) else None
+    queue = forecast(job) if job.state == JobState.QUEUED else None
     return to_read(job, tenant_name=tenant.name, queue=queue, events=list_events(session, job=job))
 
 
