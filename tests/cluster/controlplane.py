@@ -653,7 +653,9 @@ def _belongs_to(pid: int, run_dir: pathlib.Path) -> bool:
         cwd = os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         return False
-    return str(run_dir).encode() in cmdline or cwd.startswith(str(run_dir))
+    inside = str(run_dir).rstrip("/") + "/"  # with the slash: run dir pytest-12 is no prefix of pytest-123
+    cwd = cwd.removesuffix(" (deleted)") + "/"
+    return inside.encode() in cmdline or cwd.startswith(inside)
 
 
 def stop_run_dir(run_dir: pathlib.Path) -> None:
