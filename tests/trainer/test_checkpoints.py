@@ -10,9 +10,9 @@ import time
 
 import fsspec
 import pytest
-from kembed_trainer import checkpoint, config, dist, report, train
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
+from kembed_trainer import checkpoint, config, dist, report, train
 from tests.trainer.conftest import REPO, run_trainer, tiny_config, trainer_env, write_config
 
 

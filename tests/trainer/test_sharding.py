@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
 from kembed_trainer import config, embedding
 from kembed_trainer.data.batch import Batch
-
 from tests.trainer.conftest import run_trainer, tiny_config, write_config
 
 NUM_FEATURES, BATCH, STEPS, WORLD = 3, 16, 4, 2
