@@ -30,6 +30,7 @@ __all__ = ["Dispatcher"]
 
 log = logging.getLogger(__name__)
 _ACTIVE = [s.value for s in ACTIVE_STATES]
+_COALESCE_S = 0.02
 
 
 class Dispatcher:
@@ -74,7 +75,9 @@ class Dispatcher:
                 self.run_once()
             except Exception:  # a bad pass must not end dispatching; the next pass retries
                 log.exception("dispatcher pass failed")
-            self._wake.wait(self.interval_s)
+            if self._wake.wait(self.interval_s):
+                # Let a burst of submissions land first: one pass for many of them, not one pass each.
+                self._stopping.wait(_COALESCE_S)
             self._wake.clear()
 
     # ------------------------------------------------------------------------------------------- passes

@@ -16,6 +16,8 @@ class Job(Base):
     __table_args__ = (
         UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
         Index("ix_jobs_tenant_state", "tenant_id", "state"),
+        # Admission order within a tenant's queue: positions and forecasts read only this index.
+        Index("ix_jobs_queue_order", "tenant_id", "state", "priority", "seq"),
     )
 
     # `seq` orders the queue (FIFO within a priority) and pages lists; `id` is the public, DNS-safe name.

@@ -64,6 +64,7 @@ def submit_job(
                 session, tenant=principal.tenant, spec=spec,
                 checkpoint_root=request.app.state.settings.resolved_checkpoint_root, idempotency_key=idempotency_key,
             )
+            read = service.submitted_read(session, job=job, tenant=principal.tenant)
     except service.CannotRun as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(error)) from error
     except service.QueueFull as error:
@@ -71,10 +72,7 @@ def submit_job(
     request.app.state.dispatcher.wake()
     if not created:
         response.status_code = status.HTTP_200_OK
-    with db.session() as session:
-        # A new job's place in the queue is counted; its estimated start comes with later reads.
-        return service.read_job(session, tenant=principal.tenant, job_id=job.id,
-                                forecast=lambda queued: (service.queue_position(session, job=queued), None))
+    return read
 
 
 @router.get("", response_model=JobList, responses=_AUTH, summary="List jobs, newest first")

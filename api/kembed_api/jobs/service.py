@@ -51,6 +51,7 @@ __all__ = [
     "read_job",
     "request_cancel",
     "submit",
+    "submitted_read",
     "to_read",
     "transition",
     "verify_report_token",
@@ -188,6 +189,13 @@ def submit(
     session.add(JobEvent(job_seq=job.seq, time=now, state=JobState.QUEUED, reason="Submitted",
                          message="waiting for admission"))
     return job, True
+
+
+def submitted_read(session: Session, *, job: Job, tenant: Tenant) -> JobRead:
+    """What a submission answers, from the job just stored (no second read): its place in the queue is counted,
+    its estimated start comes with later reads."""
+    queue = (queue_position(session, job=job), None) if job.state == JobState.QUEUED else None
+    return to_read(job, tenant_name=tenant.name, queue=queue, events=list_events(session, job=job))
 
 
 def _check_can_run(spec: JobSpec, *, tenant: Tenant) -> None:
@@ -329,10 +337,10 @@ def list_metrics(session: Session, *, job: Job, event: str | None = None, limit:
 
 def to_read(
     job: Job, *, tenant_name: str, queue: tuple[int, datetime | None] | None = None,
-    events: list[JobEventRead] | None = None,
+    events: list[JobEventRead] | None = None, spec: JobSpec | None = None,
 ) -> JobRead:
     total = job.total_steps
-    spec = JobSpec.model_validate(job.spec)
+    spec = spec or JobSpec.model_validate(job.spec)
     return JobRead(
         id=job.id,
         name=job.name,
