@@ -117,7 +117,7 @@ def main() -> int:
         operator_latencies = sorted(job_created_at[j] - created_at[j] for j in created_at if j in job_created_at)
         operator_elapsed = max(job_created_at.values()) - started
         p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
-        print(f"| jobs | tenants | fake nodes | jobs/s (created -> all pods scheduled) | p50 | p99 | operator CPU | "
+        print("| jobs | tenants | fake nodes | jobs/s (created -> all pods scheduled) | p50 | p99 | operator CPU | "
               "operator peak RSS |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         print(f"| {args.jobs} | {args.tenants} | {args.nodes} | {len(latencies) / elapsed:.1f} | "

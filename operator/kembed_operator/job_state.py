@@ -95,7 +95,6 @@ def decide(*, spec: EmbeddingJobSpec, status: dict[str, Any], generation: int, b
     plan = Plan()
     phase = status.get("phase")
     attempt = int(status.get("attempt") or 0)
-    live_pods = [p for p in pods if p.phase in ("Pending", "Running") and p.attempt == attempt]
     any_live = any(p.phase in ("Pending", "Running") for p in pods)
     if "restartCount" not in status:  # first pass, or the first pass of a runner that died before writing it
         plan.status.update({"attempt": attempt, "restartCount": 0})

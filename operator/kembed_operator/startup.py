@@ -7,7 +7,6 @@ import random
 from typing import Any
 
 import kopf
-
 from kubernetes.client.rest import ApiException
 
 from kembed_operator.kube import Kube, is_conflict

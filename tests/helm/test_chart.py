@@ -19,9 +19,9 @@ MINIMAL = ["--set", "s3.bucket=kembed-test", "--set", "s3.credentials.existingSe
 PRODUCTION = ["-f", str(HERE / "production-values.yaml")]
 # Every simulated node is a tainted GPU node: the platform's pods tolerate that here, as they would a node pool.
 ON_FAKE_NODES = [
-    "--set-json", f"api.tolerations=[{{\"operator\": \"Exists\"}}]",
-    "--set-json", f"operator.tolerations=[{{\"operator\": \"Exists\"}}]",
-    "--set-json", f"postgresql.tolerations=[{{\"operator\": \"Exists\"}}]",
+    "--set-json", "api.tolerations=[{\"operator\": \"Exists\"}]",
+    "--set-json", "operator.tolerations=[{\"operator\": \"Exists\"}]",
+    "--set-json", "postgresql.tolerations=[{\"operator\": \"Exists\"}]",
     "--set", "postgresql.persistence.enabled=false", "--set", "api.replicas=1",
 ]
 RELEASE, NAMESPACE = "kh", "kembed-helm"

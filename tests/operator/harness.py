@@ -53,9 +53,9 @@ def install_platform(cluster: Cluster) -> None:
                    text=True, env=cluster.env, check=True, capture_output=True)
     # A new CRD answers 429 "storage is (re)initializing" for a moment: operators started then would see errors
     # no real installation (CRDs long in place) ever shows them.
-    for plural, group in (("tenants", "kembed.io"), ("embeddingjobs", "kembed.io"), ("clusterkopfpeerings", "kopf.dev")):
-        wait_for(lambda: cluster.kubectl("get", f"{plural}.{group}", "-A", check=False).returncode == 0,
-                 timeout_s=30, what=f"{plural}.{group} served")
+    for resource in ("tenants.kembed.io", "embeddingjobs.kembed.io", "clusterkopfpeerings.kopf.dev"):
+        wait_for(lambda r=resource: cluster.kubectl("get", r, "-A", check=False).returncode == 0,
+                 timeout_s=30, what=f"{resource} served")
     secret = {"metadata": {"name": S3_SOURCE_SECRET},
               "stringData": {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}}
     if not _exists(lambda: cluster.core().read_namespaced_secret(S3_SOURCE_SECRET, PLATFORM_NAMESPACE)):

@@ -1,0 +1,112 @@
+"""The job state machine without a cluster: decisions from observed children, the time and the settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+
+import pytest
+
+from kembed_api.resources import EmbeddingJobSpec
+from kembed_operator.job_state import Action, decide
+from kembed_operator.settings import OperatorSettings
+from kembed_operator.views import BatchJobView, PodView
+from tests.operator.harness import JobBuilder
+
+NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
+SETTINGS = OperatorSettings(rendezvous_timeout_s=60, unschedulable_timeout_s=30, ttl_after_finished_s=100)
+
+
+def spec(nodes: int = 2, max_restarts: int = 2) -> EmbeddingJobSpec:
+    builder = JobBuilder("unit").nodes(nodes).max_restarts(max_restarts)
+    return EmbeddingJobSpec.model_validate(builder.manifest("acme")["spec"])
+
+
+def job(attempt: int = 0, **fields) -> BatchJobView:
+    base = BatchJobView(name="j", uid="u1", attempt=attempt, deleting=False, suspended=False, complete=False,
+                        failed_since=None, started=NOW, created=NOW)
+    return dataclasses.replace(base, **fields)
+
+
+def pod(index: int, phase: str = "Running", attempt: int = 0, **fields) -> PodView:
+    base = PodView(name=f"j-{index}", attempt=attempt, index=index, phase=phase, deleting=False, disrupted=False,
+                   created=NOW, unschedulable_since=None, unschedulable_message="", image_pull_failure=None,
+                   image_pull_message="", exit_code=None, finished_at=None)
+    return dataclasses.replace(base, **fields)
+
+
+RUNNING = {"phase": "RUNNING", "attempt": 0, "restartCount": 0, "attemptStartTime": "2026-01-01T11:59:00Z"}
+
+
+def test_a_new_job_creates_its_gang_and_is_admitted():
+    plan = decide(spec=spec(), status={}, generation=1, batch_job=None, pods=[], now=NOW, settings=SETTINGS)
+    assert plan.action is Action.CREATE_GANG
+    assert plan.status["phase"] == "ADMITTED" and plan.status["restartCount"] == 0
+    assert plan.event[1] == "Created"
+
+
+@pytest.mark.parametrize(("codes", "phase", "reason"), [
+    pytest.param([137, 1], "RESTARTING", "TrainerExitedRetryably", id="killed-pod-and-its-collateral"),
+    pytest.param([2, 2], "FAILED", "TrainerExitedPermanently", id="bad-config-everywhere"),
+    pytest.param([1], "FAILED", "TrainerExitedPermanently", id="crash"),
+    pytest.param([None], "RESTARTING", "TrainerExitedRetryably", id="node-lost"),
+])
+def test_failures_are_judged_by_the_exit_code_policy(codes, phase, reason):
+    pods = [pod(i, "Failed", exit_code=c, finished_at=NOW) for i, c in enumerate(codes)]
+    plan = decide(spec=spec(), status=RUNNING, generation=1, batch_job=job(), pods=pods, now=NOW, settings=SETTINGS)
+    assert (plan.status["phase"], plan.status["reason"]) == (phase, reason)
+    if phase == "RESTARTING":  # intent recorded: next attempt, then the old gang goes
+        assert plan.status["attempt"] == 1 and plan.status["restartCount"] == 1 and plan.action is Action.DELETE_GANG
+
+
+def test_a_pod_that_failed_while_being_deleted_does_not_decide():
+    pods = [pod(0, "Failed", exit_code=1, deleting=True), pod(1)]
+    plan = decide(spec=spec(), status=RUNNING, generation=1, batch_job=job(), pods=pods, now=NOW, settings=SETTINGS)
+    assert "phase" not in plan.status and plan.action is None
+
+
+def test_the_new_gang_waits_until_the_old_one_is_gone():
+    status = {**RUNNING, "phase": "RESTARTING", "attempt": 1, "restartCount": 1}
+    deleting = decide(spec=spec(), status=status, generation=1, batch_job=job(0, deleting=True), pods=[pod(0)],
+                      now=NOW, settings=SETTINGS)
+    assert deleting.action is None
+    gone = decide(spec=spec(), status=status, generation=1, batch_job=None, pods=[], now=NOW, settings=SETTINGS)
+    assert gone.action is Action.CREATE_GANG
+
+
+def test_restarts_stop_at_max_restarts():
+    status = {**RUNNING, "attempt": 2, "restartCount": 2}
+    pods = [pod(0, "Failed", attempt=2, exit_code=143)]
+    plan = decide(spec=spec(max_restarts=2), status=status, generation=1, batch_job=job(2), pods=pods, now=NOW,
+                  settings=SETTINGS)
+    assert plan.status["phase"] == "FAILED" and plan.status["reason"] == "RestartLimitReached"
+
+
+def test_an_unschedulable_pod_fails_the_job_only_after_the_time_out():
+    stuck = pod(1, "Pending", unschedulable_since=NOW - datetime.timedelta(seconds=10),
+                unschedulable_message="0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")
+    admitted = {**RUNNING, "phase": "ADMITTED", "attemptStartTime": "2026-01-01T11:59:50Z"}
+    early = decide(spec=spec(), status=admitted, generation=1, batch_job=job(), pods=[pod(0), stuck], now=NOW,
+                   settings=SETTINGS)
+    assert "phase" not in early.status
+    late = decide(spec=spec(), status=admitted, generation=1, batch_job=job(), pods=[pod(0), stuck],
+                  now=NOW + datetime.timedelta(seconds=25), settings=SETTINGS)
+    assert late.status["reason"] == "Unschedulable" and "Insufficient nvidia.com/gpu" in late.status["message"]
+
+
+def test_a_gang_that_ran_is_never_restarted_for_a_rendezvous_time_out():
+    long_ago = {**RUNNING, "attemptStartTime": "2026-01-01T10:00:00Z"}
+    plan = decide(spec=spec(), status=long_ago, generation=1, batch_job=job(),
+                  pods=[pod(0, "Succeeded"), pod(1, "Succeeded")], now=NOW, settings=SETTINGS)
+    assert plan.action is None and plan.status.get("phase") is None
+
+
+def test_children_go_after_the_ttl_and_the_status_stays():
+    finished = {**RUNNING, "phase": "SUCCEEDED", "completionTime": "2026-01-01T11:59:00Z"}
+    early = decide(spec=spec(), status=finished, generation=1, batch_job=job(complete=True), pods=[], now=NOW,
+                   settings=SETTINGS)
+    assert early.action is None
+    late = decide(spec=spec(), status=finished, generation=1, batch_job=job(complete=True), pods=[],
+                  now=NOW + datetime.timedelta(seconds=100), settings=SETTINGS)
+    assert late.action is Action.REMOVE_CHILDREN
+    assert {c["type"]: c["reason"] for c in late.status["conditions"]}["CleanedUp"] == "TTLExpired"
