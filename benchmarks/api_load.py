@@ -5,7 +5,8 @@
 The server is `kembed serve` with admission paused (KEMBED_ADMISSION_PAUSED), so the numbers are the API's
 own (validation, auth, database) and no trainer competes for the cores. The load comes from this process over
 loopback (asyncio + httpx, keep-alive), so client and server share the machine's cores: on 2 cores the figures
-are a floor. Prints one table; the targets are >= 500 submissions/s and a read p99 < 50 ms.
+are a floor. Prints one table, with the server's own CPU time per request (from /proc: independent of what else
+the machine runs); the targets are >= 500 submissions/s and a read p99 < 50 ms.
 """
 
 from __future__ import annotations
@@ -32,15 +33,21 @@ from tests.builders import make_spec  # noqa: E402
 from tests.fixtures.servers import run_postgres  # noqa: E402
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (from /proc): what the server itself spent."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def api_server(database_url: str | None, data_dir: Path) -> Iterator[tuple[str, str]]:
+def api_server(database_url: str | None, data_dir: Path) -> Iterator[tuple[str, str, int]]:
     port = free_port()
     env = {**os.environ, "KEMBED_ADMISSION_PAUSED": "true"}
     if database_url:
         env["KEMBED_DATABASE_URL"] = database_url
     process = subprocess.Popen(
         [sys.executable, "-m", "kembed_api.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env, stdout=subprocess.DEVNULL, stderr=open(data_dir.parent / f"server-{port}.log", "w"),
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -53,7 +60,7 @@ def api_server(database_url: str | None, data_dir: Path) -> Iterator[tuple[str, 
                 if time.monotonic() > deadline or process.poll() is not None:
                     raise RuntimeError("the API server did not start") from None
                 time.sleep(0.2)
-        yield url, (data_dir / "admin-token").read_text().strip()
+        yield url, (data_dir / "admin-token").read_text().strip(), process.pid
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -82,7 +89,8 @@ def _pct(latencies: list[float], q: float) -> float:
     return statistics.quantiles(latencies, n=100, method="inclusive")[q - 1] * 1000
 
 
-async def measure(url: str, token: str, *, submissions: int, reads: int, concurrency: int) -> dict[str, float]:
+async def measure(url: str, token: str, pid: int, *, submissions: int, reads: int,
+                  concurrency: int) -> dict[str, float]:
     headers = {"Authorization": f"Bearer {token}"}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as client:
@@ -101,11 +109,15 @@ async def measure(url: str, token: str, *, submissions: int, reads: int, concurr
             (await client.get("/v1/usage")).raise_for_status()
 
         await _run(50, concurrency, submit)  # warm-up: connections, caches, JIT-less Python's first calls
+        cpu = cpu_seconds(pid)
         submit_rate, submit_latency = await _run(submissions, concurrency, submit)
+        submit_cpu, cpu = (cpu_seconds(pid) - cpu) / submissions * 1000, cpu_seconds(pid)
         read_rate, read_latency = await _run(reads, concurrency, read_job)
+        read_cpu = (cpu_seconds(pid) - cpu) / reads * 1000
         usage_rate, usage_latency = await _run(reads // 2, concurrency, read_usage)
     return {
         "submissions/s": submit_rate, "submit p99 ms": _pct(submit_latency, 99),
+        "server CPU ms/submit": submit_cpu, "server CPU ms/GET": read_cpu,
         "GET job/s": read_rate, "GET job p50 ms": _pct(read_latency, 50), "GET job p99 ms": _pct(read_latency, 99),
         "usage p50 ms": _pct(usage_latency, 50), "usage p99 ms": _pct(usage_latency, 99),
     }
@@ -120,16 +132,18 @@ def main() -> None:
 
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        with api_server(None, Path(tmp) / "sqlite") as (url, token):
-            results["SQLite"] = asyncio.run(measure(url, token, submissions=args.submissions, reads=args.reads,
+        with api_server(None, Path(tmp) / "sqlite") as (url, token, pid):
+            results["SQLite"] = asyncio.run(measure(url, token, pid, submissions=args.submissions, reads=args.reads,
                                                     concurrency=args.concurrency))
-        with run_postgres() as postgres, api_server(postgres.new_database(), Path(tmp) / "pg") as (url, token):
-            results["PostgreSQL"] = asyncio.run(measure(url, token, submissions=args.submissions, reads=args.reads,
-                                                        concurrency=args.concurrency))
+        with run_postgres() as postgres, api_server(postgres.new_database(), Path(tmp) / "pg") as (url, token, pid):
+            results["PostgreSQL"] = asyncio.run(measure(url, token, pid, submissions=args.submissions,
+                                                        reads=args.reads, concurrency=args.concurrency))
     columns = list(next(iter(results.values())))
-    print(f"{'database':<11}" + "".join(f"{c:>16}" for c in columns))
+    print(f"{'database':<11}" + "".join(f"{c:>21}" for c in columns))
     for name, row in results.items():
-        print(f"{name:<11}" + "".join(f"{row[c]:>16.1f}" for c in columns))
+        print(f"{name:<11}" + "".join(f"{row[c]:>21.1f}" for c in columns))
+    print(f"machine load (1/5/15 min): {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores; "
+          "server CPU ms per request is what one request costs the server, whatever else runs")
     sqlite, pg = results["SQLite"], results["PostgreSQL"]
     print(f"ratio PostgreSQL/SQLite submissions/s: {pg['submissions/s'] / sqlite['submissions/s']:.2f}; "
           f"targets: >= 500 submissions/s -> {'met' if min(sqlite['submissions/s'], pg['submissions/s']) >= 500 else 'NOT met'}, "

@@ -1,8 +1,9 @@
 """Queue positions and estimated starts, cached per tenant for a moment.
 
 Replaying a tenant's queue costs time in proportion to its length; reads of queued jobs come often (a CLI
-following a job polls every second). So a tenant's forecast is computed at most once per `ttl_s`, and again at
-once for a job it does not know yet. Estimates are estimates: a second of staleness changes nothing a user sees.
+following a job polls every second). So a single job's read takes its position from an exact count and its
+estimated start from the tenant's forecast, recomputed at most once per `ttl_s` (and at once for a job it does
+not know yet): an estimate a second old is as good as a fresh one. Lists recompute the forecast.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from kembed_api.admission import Quota
 from kembed_api.jobs import service
+from kembed_api.jobs.models import Job
 from kembed_api.tenants.models import Tenant
 
 __all__ = ["Forecasts"]
@@ -30,12 +32,15 @@ class Forecasts:
         self._cache: dict[int, tuple[float, Forecast]] = {}
         self._lock = threading.Lock()
 
-    def of_tenant(self, session: Session, *, tenant: Tenant, must_include: int | None = None) -> Forecast:
-        with self._lock:
-            cached = self._cache.get(tenant.id)
-        if cached and self.clock() - cached[0] < self.ttl_s and (must_include is None or must_include in cached[1]):
-            return cached[1]
+    def fresh(self, session: Session, *, tenant: Tenant) -> Forecast:
         forecast = service.queue_forecast(session, tenant=tenant, capacity=self.capacity())
         with self._lock:
             self._cache[tenant.id] = (self.clock(), forecast)
         return forecast
+
+    def of_job(self, session: Session, *, tenant: Tenant, job: Job) -> tuple[int, datetime | None]:
+        with self._lock:
+            cached = self._cache.get(tenant.id)
+        if not (cached and self.clock() - cached[0] < self.ttl_s and job.seq in cached[1]):
+            cached = (0.0, self.fresh(session, tenant=tenant))
+        return service.queue_position(session, job=job), cached[1][job.seq][1]

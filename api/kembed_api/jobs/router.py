@@ -24,7 +24,7 @@ _AUTH = {401: {"description": "Missing, invalid, expired or revoked token."},
 
 
 def _forecast_of(session, principal, forecasts: Forecasts):
-    return lambda job: forecasts.of_tenant(session, tenant=principal.tenant, must_include=job.seq).get(job.seq)
+    return lambda job: forecasts.of_job(session, tenant=principal.tenant, job=job)
 
 
 def _not_found(job_id: str) -> HTTPException:
@@ -88,7 +88,7 @@ def list_jobs(
     try:
         return service.list_jobs(
             session, tenant=principal.tenant, states=state, name=name, limit=limit, cursor=cursor,
-            forecast=lambda: forecasts.of_tenant(session, tenant=principal.tenant),
+            forecast=lambda: forecasts.fresh(session, tenant=principal.tenant),
         )
     except ValueError as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=f"cursor: {error}") from error

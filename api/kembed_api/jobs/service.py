@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from kembed_api.admission import Demand, Quota, RunningJob, estimate_start_times, never_fits
@@ -159,7 +160,7 @@ def submit(
             raise QueueFull(f"tenant {tenant.name!r} already has {queued} queued jobs "
                             f"(quota.max_queued_jobs is {tenant.quota_max_queued_jobs}); retry when some have started")
     now = now or utcnow()
-    job_id = _new_job_id(spec.name)
+    job_id = _free_job_id(session, spec.name)
     demand = Demand.of(spec)
     if spec.trainer.checkpoint.uri is None:
         # Checkpoints are namespaced by tenant so no tenant is ever handed another's path.
@@ -184,11 +185,29 @@ def submit(
         metrics={},
         backend_state={},
     )
-    session.add(job)
-    session.flush()
+    try:
+        with session.begin_nested():
+            session.add(job)
+    except IntegrityError:
+        # Two retries with one Idempotency-Key raced (PostgreSQL): the one that lost returns the other's job.
+        existing = session.scalar(
+            select(Job).where(Job.tenant_id == tenant.id, Job.idempotency_key == idempotency_key)
+        ) if idempotency_key else None
+        if existing is None:
+            raise
+        return existing, False
     session.add(JobEvent(job_seq=job.seq, time=now, state=JobState.QUEUED, reason="Submitted",
                          message="waiting for admission"))
     return job, True
+
+
+def _free_job_id(session: Session, name: str) -> str:
+    """name-xxxxx not taken yet: with 36**5 suffixes, thousands of jobs of one name do collide now and then."""
+    for _ in range(10):
+        job_id = _new_job_id(name)
+        if session.scalar(select(Job.seq).where(Job.id == job_id)) is None:
+            return job_id
+    raise RuntimeError(f"no free job id for name {name!r} after 10 tries")
 
 
 def submitted_read(session: Session, *, job: Job, tenant: Tenant) -> JobRead:

@@ -5,8 +5,6 @@ Revises: 0002
 Create Date: 2026-11-30 05:00:22.722111
 """
 from alembic import op
-import sqlalchemy as sa
-import kembed_api.db
 
 
 revision = '0003'
