@@ -1,5 +1,5 @@
 # The kembed platform image: the API (`kembed serve`) and the operator (`kembed-operator`), one image, two commands.
-#   docker build -t ghcr.io/kembed/platform:0.1.0 .
+#   docker build -t kembed/platform:0.1.0 .
 # The trainer has its own image (trainer_image/Dockerfile): the platform never needs torch, the trainer never
 # needs FastAPI or Kopf. The Helm chart (helm/kembed) runs this image as UID 10001 with a read-only root.
 FROM python:3.11-slim-bookworm

@@ -85,6 +85,20 @@ def serve(
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
 
 
+@app.command()
+def migrate() -> None:
+    """Bring the database (KEMBED_DATABASE_URL, or SQLite in KEMBED_DATA_DIR) to the newest schema, then exit.
+
+    `kembed serve` does this on every start too; a Kubernetes install runs it once before the API pods start."""
+    from kembed_api.db import upgrade_to_head
+    from kembed_api.settings import Settings
+
+    settings = Settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade_to_head(settings.resolved_database_url)
+    console.print("database schema is up to date")
+
+
 # ----------------------------------------------------------------------------------------------- jobs
 def _load_spec(path: Path) -> dict[str, Any]:
     try:

@@ -13,11 +13,14 @@ _STATE_PER_ELEMENT = {"sgd": lambda dim: 0.0, "adagrad": lambda dim: 1.0, "rowwi
                       "adam": lambda dim: 2.0}
 
 
-def table_memory_bytes_per_rank(trainer: TrainerConfig) -> int:
-    """Weights plus sparse-optimizer state of all tables, as if every rank held every table (an upper bound)."""
+def table_memory_bytes_per_rank(trainer: TrainerConfig, *, world_size: int = 1) -> int:
+    """Weights plus sparse-optimizer state one rank holds: replicated tables whole, row-wise sharded ones
+    1/world_size of their rows (rounded up, as the trainer splits them)."""
     state = _STATE_PER_ELEMENT[trainer.optimizer.sparse.name]
     total = 0.0
     for table in trainer.embeddings.tables:
-        elements = table.num_embeddings * table.embedding_dim
-        total += elements * (1.0 + state(table.embedding_dim)) * _BYTES_PER_FLOAT
+        rows = table.num_embeddings
+        if trainer.embeddings.is_sharded(table):
+            rows = -(-rows // world_size)
+        total += rows * table.embedding_dim * (1.0 + state(table.embedding_dim)) * _BYTES_PER_FLOAT
     return int(total)

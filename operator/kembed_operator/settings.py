@@ -39,7 +39,7 @@ class OperatorSettings(BaseSettings):
 
     # ---- trainer pods -------------------------------------------------------------------------------------------
     trainer_image: str = Field(
-        "ghcr.io/kembed/trainer:0.1.0", description="Image of jobs that do not name their own (spec.image)."
+        "kembed/trainer:0.1.0", description="Image of jobs that do not name their own (spec.image)."
     )
     trainer_service_account: str = Field(
         "kembed-trainer", description="ServiceAccount (no API rights) the operator creates in each tenant namespace."

@@ -50,3 +50,14 @@ def test_a_bad_spec_names_the_field_at_fault(mutate, location):
 )
 def test_quantities_parse_like_kubernetes(text, value):
     assert parse_quantity(text) == value
+
+
+def test_the_table_memory_estimate_splits_sharded_tables_across_ranks():
+    from kembed_api.estimates import table_memory_bytes_per_rank
+
+    spec = make_spec().build()
+    spec["trainer"]["embeddings"]["tables"][0].update(num_embeddings=1000, embedding_dim=8, sharding="row_wise")
+    trainer = JobSpec.model_validate(spec).trainer
+    sharded_rows = 1000 * 8 * (1 + 1 / 8) * 4  # rowwise_adagrad keeps one float per row
+    one, four = table_memory_bytes_per_rank(trainer), table_memory_bytes_per_rank(trainer, world_size=4)
+    assert one - four == pytest.approx(sharded_rows * 3 / 4, rel=1e-6)

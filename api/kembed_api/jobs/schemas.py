@@ -29,7 +29,8 @@ class JobEventRead(BaseModel):
 
 class JobEstimates(BaseModel):
     table_memory_bytes_per_rank: int = Field(
-        description="Embedding weights plus sparse-optimizer state if every rank held every table (upper bound)."
+        description="Embedding weights plus sparse-optimizer state one rank holds (row-wise sharded tables split "
+        "across all ranks, the others whole)."
     )
 
 

@@ -221,7 +221,7 @@ def _check_can_run(spec: JobSpec, *, tenant: Tenant) -> None:
     why = never_fits(quota_of(tenant), Demand.of(spec))
     if why:
         raise CannotRun(f"resources: {why}")
-    per_rank = table_memory_bytes_per_rank(spec.trainer)
+    per_rank = table_memory_bytes_per_rank(spec.trainer, world_size=spec.resources.num_processes)
     per_node = per_rank * (spec.resources.procs_per_node or 1)
     if per_node > spec.resources.memory_bytes_per_node:
         raise CannotRun(
@@ -380,7 +380,8 @@ def to_read(
         checkpoint_step=job.checkpoint_step,
         queue_position=queue[0] if queue else None,
         estimated_start_at=queue[1] if queue else None,
-        estimates=JobEstimates(table_memory_bytes_per_rank=table_memory_bytes_per_rank(spec.trainer)),
+        estimates=JobEstimates(table_memory_bytes_per_rank=table_memory_bytes_per_rank(
+            spec.trainer, world_size=spec.resources.num_processes)),
         spec=spec,
         events=events or [],
     )
