@@ -81,7 +81,7 @@ def list_jobs(
     principal: Reader,
     forecasts: QueueForecasts,
     state: Annotated[list[JobState] | None, Query(description="Only jobs in these states.")] = None,
-    name: Annotated[str | None, Query(max_length=48, description="Only jobs submitted with this name.")] = None,
+    name: Annotated[str | None, Query(max_length=46, description="Only jobs submitted with this name.")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=64, description="`next_cursor` of the previous page.")] = None,
 ) -> JobList:
