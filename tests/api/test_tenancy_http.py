@@ -179,3 +179,15 @@ def test_metrics_show_jobs_queue_and_quota(api_client):
     assert 'kembed_jobs{state="RUNNING",tenant="team"} 1.0' in body
     assert 'kembed_quota_limit{resource="gpus",tenant="team"} 4.0' in body
     assert 'kembed_admission_wait_seconds_count{tenant="team"} 1.0' in body
+
+
+def test_a_job_cannot_point_its_checkpoints_into_another_tenants_folder(api_client):
+    token = new_tenant(api_client, "team-a")
+    root = api_client.post("/v1/jobs", json=make_spec().build(), headers=bearer(token)).json()[
+        "spec"]["trainer"]["checkpoint"]["uri"].rsplit("/team-a/", 1)[0]
+    spec = make_spec().build()
+    spec["trainer"]["checkpoint"]["uri"] = f"{root}/team-b/stolen"
+    response = api_client.post("/v1/jobs", json=spec, headers=bearer(token))
+    assert response.status_code == 422 and "trainer.checkpoint.uri" in response.json()["detail"]
+    spec["trainer"]["checkpoint"]["uri"] = f"{root}/team-a/my-own-folder"
+    assert api_client.post("/v1/jobs", json=spec, headers=bearer(token)).status_code == 201

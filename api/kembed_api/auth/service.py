@@ -14,13 +14,14 @@ from kembed_api.auth.roles import Role
 from kembed_api.db import utcnow
 from kembed_api.tenants.models import Tenant
 
-__all__ = ["TOKEN_PREFIX", "authenticate", "create_token", "ensure_bootstrap_token", "list_tokens", "revoke_token"]
+__all__ = ["TOKEN_PREFIX", "authenticate", "hash_secret", "create_token", "ensure_bootstrap_token", "list_tokens", "revoke_token"]
 
 # A recognisable prefix lets secret scanners and people spot a leaked kembed token.
 TOKEN_PREFIX = "kmb_"
 
 
-def _hash(secret: str) -> str:
+def hash_secret(secret: str) -> str:
+    """What is stored of a token: its SHA-256 (tokens are random, so no salt or slow hash is needed)."""
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
@@ -30,7 +31,7 @@ def create_token(
 ) -> tuple[ApiToken, str]:
     """A new token; the secret is in the return value and nowhere else."""
     secret = secret or TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken(tenant_id=tenant.id, name=name, role=role.value, token_hash=_hash(secret),
+    token = ApiToken(tenant_id=tenant.id, name=name, role=role.value, token_hash=hash_secret(secret),
                      prefix=secret[: len(TOKEN_PREFIX) + 4], expires_at=expires_at)
     session.add(token)
     session.flush()
@@ -41,7 +42,7 @@ def authenticate(session: Session, *, secret: str, now: datetime | None = None) 
     """The live token with this secret and its tenant; None if unknown, revoked or expired."""
     row = session.execute(
         select(ApiToken, Tenant).join(Tenant, Tenant.id == ApiToken.tenant_id).where(
-            ApiToken.token_hash == _hash(secret)
+            ApiToken.token_hash == hash_secret(secret)
         )
     ).first()
     if row is None:
@@ -71,7 +72,7 @@ def ensure_bootstrap_token(session: Session, *, tenant: Tenant, secret: str | No
     minted only when the database has none at all, and returned so the server can show it once.
     """
     if secret:
-        if session.scalar(select(ApiToken).where(ApiToken.token_hash == _hash(secret))) is None:
+        if session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_secret(secret))) is None:
             create_token(session, tenant=tenant, name="bootstrap-admin", role=Role.PLATFORM_ADMIN, secret=secret)
         return None
     if session.scalar(select(func.count()).select_from(ApiToken)):

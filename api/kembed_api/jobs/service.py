@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 import hmac
 import secrets
 import string
@@ -16,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from kembed_api.admission import Demand, Quota, RunningJob, estimate_start_times, never_fits
+from kembed_api.auth.service import hash_secret
 from kembed_api.db import utcnow
 from kembed_api.estimates import table_memory_bytes_per_rank
 from kembed_api.jobs.models import Job, JobEvent, JobMetric
@@ -42,7 +42,6 @@ __all__ = [
     "JobNotFound",
     "apply_report",
     "get_job",
-    "hash_token",
     "list_events",
     "list_jobs",
     "list_metrics",
@@ -100,18 +99,14 @@ def _new_job_id(name: str) -> str:
     return f"{name}-{''.join(secrets.choice(alphabet) for _ in range(5))}"
 
 
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 def new_report_token() -> tuple[str, str]:
     """A fresh per-job token and its hash; only the hash is stored."""
     token = secrets.token_urlsafe(32)
-    return token, hash_token(token)
+    return token, hash_secret(token)
 
 
 def verify_report_token(job: Job, token: str) -> bool:
-    return job.report_token_hash is not None and hmac.compare_digest(job.report_token_hash, hash_token(token))
+    return job.report_token_hash is not None and hmac.compare_digest(job.report_token_hash, hash_secret(token))
 
 
 def transition(
@@ -162,10 +157,15 @@ def submit(
     now = now or utcnow()
     job_id = _free_job_id(session, spec.name)
     demand = Demand.of(spec)
+    own_prefix = f"{checkpoint_root}/{tenant.name}/"
     if spec.trainer.checkpoint.uri is None:
         # Checkpoints are namespaced by tenant so no tenant is ever handed another's path.
         spec = spec.model_copy(deep=True)
-        spec.trainer.checkpoint.uri = f"{checkpoint_root}/{tenant.name}/{job_id}"
+        spec.trainer.checkpoint.uri = f"{own_prefix}{job_id}"
+    elif spec.trainer.checkpoint.uri.startswith(f"{checkpoint_root}/") and not (
+            spec.trainer.checkpoint.uri.startswith(own_prefix)):
+        raise CannotRun(f"trainer.checkpoint.uri: under the platform's checkpoint root a job may only use its "
+                        f"tenant's folder {own_prefix}")
     job = Job(
         id=job_id,
         tenant_id=tenant.id,
