@@ -438,6 +438,10 @@ class ControlPlane:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allocate-node-cidrs=false",
                 "--profiling=false",
+                # The default client limit (20 requests/s) makes the Job controller the bottleneck of any
+                # scale test long before the operator is; a real cluster's control plane is tuned likewise.
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
             ],
         )
 
