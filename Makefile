@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Downloads (torch is several GB) are cached outside the repo so a fresh clone installs in minutes.
+# pip's cache lives outside the repo (registries that allow caching make fresh clones install faster).
 export PIP_CACHE_DIR ?= $(HOME)/.cache/kembed/pip
 export KEMBED_CACHE ?= $(HOME)/.cache/kembed
 
