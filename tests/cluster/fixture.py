@@ -30,7 +30,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.cluster import controlplane
 
-__all__ = ["Cluster", "cluster", "namespace"]
+__all__ = ["Cluster", "cluster", "exists", "namespace", "wait_for"]
 
 
 def wait_for(
@@ -147,7 +147,7 @@ class Cluster:
         core = self.core()
         core.create_namespace({"metadata": {"name": name, "labels": labels or {}}})
         wait_for(
-            lambda: _exists(lambda: core.read_namespaced_service_account("default", name)),
+            lambda: exists(lambda: core.read_namespaced_service_account("default", name)),
             timeout_s=timeout_s,
             what=f"default ServiceAccount in {name}",
         )
@@ -279,7 +279,8 @@ class Cluster:
         return wait_for(reached, timeout_s=timeout_s, what=f"pod {namespace}/{name} in {phases}")
 
 
-def _exists(read: Callable[[], Any]) -> bool:
+def exists(read: Callable[[], Any]) -> bool:
+    """Whether `read()` finds the object (404 means no; any other error is raised)."""
     try:
         read()
     except ApiException as error:

@@ -20,11 +20,10 @@ from typing import Any
 
 import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from kembed_api import resources
 from kembed_api.spec import TERMINAL_STATES, JobSpec
-from tests.cluster.fixture import Cluster, wait_for
+from tests.cluster.fixture import Cluster, exists, wait_for
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "kembed"
@@ -42,7 +41,7 @@ def install_platform(cluster: Cluster) -> None:
     crds = yaml.safe_dump_all(resources.render_crds())
     subprocess.run([str(cluster.kubectl_path), "apply", "--server-side", "-f", "-"], input=crds, text=True,
                    env=cluster.env, check=True, capture_output=True)
-    if not _exists(lambda: cluster.core().read_namespace(PLATFORM_NAMESPACE)):
+    if not exists(lambda: cluster.core().read_namespace(PLATFORM_NAMESPACE)):
         cluster.create_namespace(PLATFORM_NAMESPACE)
     rendered = cluster.helm(
         "template", RELEASE, str(CHART), "--namespace", PLATFORM_NAMESPACE, "--kube-version", "1.35.4",
@@ -58,7 +57,7 @@ def install_platform(cluster: Cluster) -> None:
                  timeout_s=30, what=f"{resource} served")
     secret = {"metadata": {"name": S3_SOURCE_SECRET},
               "stringData": {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}}
-    if not _exists(lambda: cluster.core().read_namespaced_secret(S3_SOURCE_SECRET, PLATFORM_NAMESPACE)):
+    if not exists(lambda: cluster.core().read_namespaced_secret(S3_SOURCE_SECRET, PLATFORM_NAMESPACE)):
         cluster.core().create_namespaced_secret(PLATFORM_NAMESPACE, secret)
 
 
@@ -262,12 +261,3 @@ def events_of(cluster: Cluster, namespace: str, name: str) -> list[client.CoreV1
     return cluster.core().list_namespaced_event(
         namespace, field_selector=f"involvedObject.kind=EmbeddingJob,involvedObject.name={name}").items
 
-
-def _exists(read) -> bool:
-    try:
-        read()
-    except ApiException as error:
-        if error.status == 404:
-            return False
-        raise
-    return True
