@@ -206,6 +206,128 @@ def logs(
             _fail(error)
 
 
+# ----------------------------------------------------------------------------------------------- tenants
+tenants_app = typer.Typer(help="Tenants (teams), their quotas and usage; creating them needs a platform admin.",
+                          no_args_is_help=True)
+tokens_app = typer.Typer(help="API tokens of a tenant (tenant admins and platform admins).", no_args_is_help=True)
+app.add_typer(tenants_app, name="tenants")
+app.add_typer(tokens_app, name="tokens")
+
+GpusOption = Annotated[int | None, typer.Option(help="GPUs the tenant's running jobs may hold.")]
+CpuOption = Annotated[float | None, typer.Option(help="CPU cores the tenant's running jobs may hold.")]
+MemoryOption = Annotated[str | None, typer.Option(help="Memory the running jobs may hold, e.g. 256Gi.")]
+RunningOption = Annotated[int | None, typer.Option(help="Jobs running at once.")]
+QueuedOption = Annotated[int | None, typer.Option(help="Jobs waiting at once (more are refused).")]
+
+
+def _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs) -> dict[str, Any]:
+    """Only the limits given; the rest stay unlimited."""
+    given = {"gpus": gpus, "cpu": cpu, "memory": memory, "max_running_jobs": max_running_jobs,
+             "max_queued_jobs": max_queued_jobs}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _show_quota(quota: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in quota.items() if v is not None) or "unlimited"
+
+
+@tenants_app.command("create")
+def tenants_create(name: str, gpus: GpusOption = None, cpu: CpuOption = None, memory: MemoryOption = None,
+                   max_running_jobs: RunningOption = None, max_queued_jobs: QueuedOption = None,
+                   server: ServerOption = "http://127.0.0.1:8080") -> None:
+    """Create a tenant; limits not given are unlimited."""
+    with _client(server) as client:
+        try:
+            tenant = client.create_tenant(name, _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs))
+        except ApiError as error:
+            _fail(error)
+    console.print(f"tenant [bold]{tenant['name']}[/bold]: {_show_quota(tenant['quota'])}")
+
+
+@tenants_app.command("set-quota")
+def tenants_set_quota(name: str, gpus: GpusOption = None, cpu: CpuOption = None, memory: MemoryOption = None,
+                      max_running_jobs: RunningOption = None, max_queued_jobs: QueuedOption = None,
+                      server: ServerOption = "http://127.0.0.1:8080") -> None:
+    """Replace a tenant's quota (limits not given become unlimited); running jobs keep running."""
+    with _client(server) as client:
+        try:
+            tenant = client.set_quota(name, _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs))
+        except ApiError as error:
+            _fail(error)
+    console.print(f"tenant [bold]{tenant['name']}[/bold]: {_show_quota(tenant['quota'])}")
+
+
+@tenants_app.command("list")
+def tenants_list(server: ServerOption = "http://127.0.0.1:8080") -> None:
+    """All tenants and their quotas."""
+    with _client(server) as client:
+        try:
+            items = client.tenants()["items"]
+        except ApiError as error:
+            _fail(error)
+    table = Table("TENANT", "QUOTA", "CREATED")
+    for tenant in items:
+        table.add_row(tenant["name"], _show_quota(tenant["quota"]), tenant["created_at"][:19].replace("T", " "))
+    console.print(table)
+
+
+@tenants_app.command("usage")
+def tenants_usage(name: Annotated[str | None, typer.Argument(help="Default: the token's own tenant.")] = None,
+                  server: ServerOption = "http://127.0.0.1:8080") -> None:
+    """A tenant's quota against what its jobs hold now, its queue and GPU-hours of the last 7 days."""
+    with _client(server) as client:
+        try:
+            usage = client.usage(name)
+        except ApiError as error:
+            _fail(error)
+    used, quota = usage["used"], usage["quota"]
+    console.print(f"[bold]{usage['tenant']}[/bold]  quota: {_show_quota(quota)}")
+    console.print(f"used: {used['gpus']:g} GPUs, {used['cpu']:g} CPU, {used['memory_bytes'] / 2**30:.1f} GiB, "
+                  f"{used['running_jobs']} running jobs; {usage['queued_jobs']} queued; "
+                  f"{usage['gpu_hours_7d']:.1f} GPU-hours in 7 days")
+
+
+@tokens_app.command("create")
+def tokens_create(tenant: str, name: Annotated[str, typer.Option(help="What the token is for.")],
+                  role: Annotated[str, typer.Option(help="viewer, member, tenant-admin or platform-admin.")] = "member",
+                  expires_at: Annotated[str | None, typer.Option(help="ISO time with zone, e.g. 2027-01-01T00:00:00Z.")]
+                  = None, server: ServerOption = "http://127.0.0.1:8080") -> None:
+    """Create a token; its secret is printed this once."""
+    with _client(server) as client:
+        try:
+            token = client.create_token(tenant, name=name, role=role, expires_at=expires_at)
+        except ApiError as error:
+            _fail(error)
+    console.print(f"token {token['id']} ({token['role']}) for {tenant}; shown once, store it now:")
+    print(token["token"])
+
+
+@tokens_app.command("list")
+def tokens_list(tenant: str, server: ServerOption = "http://127.0.0.1:8080") -> None:
+    """A tenant's tokens (never their secrets)."""
+    with _client(server) as client:
+        try:
+            items = client.tokens(tenant)["items"]
+        except ApiError as error:
+            _fail(error)
+    table = Table("ID", "NAME", "ROLE", "PREFIX", "EXPIRES", "REVOKED")
+    for token in items:
+        table.add_row(str(token["id"]), token["name"], token["role"], token["prefix"],
+                      (token["expires_at"] or "-")[:19], (token["revoked_at"] or "-")[:19])
+    console.print(table)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(tenant: str, token_id: int, server: ServerOption = "http://127.0.0.1:8080") -> None:
+    """Revoke a token at once."""
+    with _client(server) as client:
+        try:
+            client.revoke_token(tenant, token_id)
+        except ApiError as error:
+            _fail(error)
+    console.print(f"token {token_id} of {tenant} revoked")
+
+
 # ----------------------------------------------------------------------------------------------- follow
 def follow_job(client: Client, job_id: str, *, poll_s: float = 1.0) -> dict[str, Any]:
     """A live progress bar (step, loss, samples/s) and the job's events, until the job ends."""

@@ -75,3 +75,27 @@ class Client:
 
     def logs(self, job_id: str, *, tail: int | None = None) -> str:
         return self._call("GET", f"/v1/jobs/{job_id}/logs", params={"tail": tail} if tail else {}).text
+
+    # ------------------------------------------------------------------------------------------- tenants
+    def create_tenant(self, name: str, quota: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/tenants", json={"name": name, "quota": quota}).json()
+
+    def tenants(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/tenants").json()
+
+    def set_quota(self, name: str, quota: dict[str, Any]) -> dict[str, Any]:
+        return self._call("PATCH", f"/v1/tenants/{name}", json={"quota": quota}).json()
+
+    def usage(self, tenant: str | None = None) -> dict[str, Any]:
+        return self._call("GET", f"/v1/tenants/{tenant}/usage" if tenant else "/v1/usage").json()
+
+    def create_token(self, tenant: str, *, name: str, role: str, expires_at: str | None = None) -> dict[str, Any]:
+        body = {"name": name, "role": role, **({"expires_at": expires_at} if expires_at else {})}
+        return self._call("POST", f"/v1/tenants/{tenant}/tokens", json=body).json()
+
+    def tokens(self, tenant: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/tenants/{tenant}/tokens").json()
+
+    def revoke_token(self, tenant: str, token_id: int) -> None:
+        self._call("DELETE", f"/v1/tenants/{tenant}/tokens/{token_id}")
+

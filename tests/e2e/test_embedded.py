@@ -85,3 +85,24 @@ def test_cancelling_a_running_job_checkpoints_and_ends_cancelled(server):
     assert 20 <= done["checkpoint_step"] < 5000  # the SIGTERM checkpoint
     assert file_uri_path(done["checkpoint"]).is_dir()
     assert [e["reason"] for e in done["events"]][-2:] == ["CancelRequested", "Cancelled"]
+
+
+def test_platform_admins_manage_tenants_and_tokens_from_the_cli(server):
+    def kembed(*args: str, token: str = server.token) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kembed_api.cli", *args, "--server", server.url],
+                              capture_output=True, text=True, timeout=60, env={**os.environ, "KEMBED_TOKEN": token})
+
+    created = kembed("tenants", "create", "ads", "--gpus", "16", "--max-running-jobs", "2")
+    assert created.returncode == 0 and "gpus=16" in created.stdout, created.stdout
+    minted = kembed("tokens", "create", "ads", "--name", "ci", "--role", "viewer")
+    secret = minted.stdout.strip().splitlines()[-1]
+    assert secret.startswith("kmb_")
+    usage = kembed("tenants", "usage", token=secret)
+    assert usage.returncode == 0 and "ads" in usage.stdout and "0 queued" in usage.stdout
+    refused = kembed("tenants", "create", "other", token=secret)
+    assert refused.returncode == 1 and "403" in refused.stdout  # a viewer manages nothing
+    assert "ads" in kembed("tenants", "list").stdout
+    assert "viewer" in kembed("tokens", "list", "ads").stdout and secret not in kembed("tokens", "list", "ads").stdout
+    token_id = server.client.tokens("ads")["items"][0]["id"]
+    assert kembed("tokens", "revoke", "ads", str(token_id)).returncode == 0
+    assert "401" in kembed("tenants", "usage", token=secret).stdout
