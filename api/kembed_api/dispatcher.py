@@ -99,9 +99,7 @@ class Dispatcher:
                                    now=self.clock())
 
     def run_once(self) -> None:
-        kill_overdue = getattr(self.backend, "kill_overdue", None)
-        if kill_overdue:
-            kill_overdue()
+        self.backend.kill_overdue()
         with self.db.session(write=True) as session:
             self.db.lock_for_dispatch(session)
             for job in session.scalars(select(Job).where(Job.state.in_(_ACTIVE))).all():

@@ -61,6 +61,9 @@ class FakeBackend:
     def stop(self, job_id: str) -> None:
         self.stopped.append(job_id)
 
+    def kill_overdue(self) -> None:
+        pass
+
     def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> bool:
         self.reclaimed.append(job_id)
         return True

@@ -56,6 +56,9 @@ class Backend(Protocol):
     def stop(self, job_id: str) -> None:
         """Ask the trainers to checkpoint and exit (SIGTERM); returns at once."""
 
+    def kill_overdue(self) -> None:
+        """Force-stop trainers that ignored `stop` for longer than their grace period (called every pass)."""
+
     def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> bool:
         """After a restart of the server, for a job an earlier server started.
 

@@ -163,6 +163,9 @@ class KubernetesBackend:
         self.custom.patch_namespaced_custom_object(resources.GROUP, resources.VERSION, obj["metadata"]["namespace"],
                                                    resources.EMBEDDING_JOB_PLURAL, job_id, {"spec": {"cancel": True}})
 
+    def kill_overdue(self) -> None:
+        pass  # the operator enforces the pods' termination grace
+
     def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> bool:
         return False  # the job runs on in the cluster; the dispatcher simply follows it again
 
