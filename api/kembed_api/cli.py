@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -48,6 +49,15 @@ def _token() -> str | None:
 
 def _client(server: str) -> Client:
     return Client(server, token=_token())
+
+
+def _request(server: str, call: Callable[[Client], Any]) -> Any:
+    """One API call; an API error ends the command with its message and exit code 1."""
+    with _client(server) as client:
+        try:
+            return call(client)
+        except ApiError as error:
+            _fail(error)
 
 
 def _fail(error: ApiError | Exception) -> None:
@@ -134,11 +144,7 @@ def jobs(
     server: ServerOption = "http://127.0.0.1:8080",
 ) -> None:
     """List jobs."""
-    with _client(server) as client:
-        try:
-            page = client.jobs(states=state, limit=limit)
-        except ApiError as error:
-            _fail(error)
+    page = _request(server, lambda client: client.jobs(states=state, limit=limit))
     table = Table("STATE", "PROGRESS", "LOSS", "AUC", "CREATED", "REASON")
     table.columns.insert(0, Column("ID", no_wrap=True))
     for job in page["items"]:
@@ -158,11 +164,7 @@ def _fmt(value: Any) -> str:
 @app.command()
 def status(job_id: str, server: ServerOption = "http://127.0.0.1:8080") -> None:
     """Show one job: state, progress, metrics, checkpoint and its events."""
-    with _client(server) as client:
-        try:
-            job = client.job(job_id)
-        except ApiError as error:
-            _fail(error)
+    job = _request(server, lambda client: client.job(job_id))
     progress = job["progress"]
     console.print(f"[bold]{job['id']}[/bold]  {_state(job['state'])}  {job['reason']}: {job['message']}")
     console.print(f"progress   {progress['step']}/{progress['total_steps']} steps ({progress['fraction']:.0%})")
@@ -184,11 +186,7 @@ def status(job_id: str, server: ServerOption = "http://127.0.0.1:8080") -> None:
 @app.command()
 def cancel(job_id: str, server: ServerOption = "http://127.0.0.1:8080") -> None:
     """Cancel a job; a running one saves a checkpoint before it stops."""
-    with _client(server) as client:
-        try:
-            job = client.cancel(job_id)
-        except ApiError as error:
-            _fail(error)
+    job = _request(server, lambda client: client.cancel(job_id))
     console.print(f"{job['id']}: {_state(job['state'])}" + (" (stopping)" if job["state"] not in TERMINAL else ""))
 
 
@@ -199,11 +197,7 @@ def logs(
     server: ServerOption = "http://127.0.0.1:8080",
 ) -> None:
     """Print a job's trainer logs."""
-    with _client(server) as client:
-        try:
-            sys.stdout.write(client.logs(job_id, tail=tail))
-        except ApiError as error:
-            _fail(error)
+    sys.stdout.write(_request(server, lambda client: client.logs(job_id, tail=tail)))
 
 
 # ----------------------------------------------------------------------------------------------- tenants
@@ -231,17 +225,17 @@ def _show_quota(quota: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in quota.items() if v is not None) or "unlimited"
 
 
+def _show_tenant(tenant: dict[str, Any]) -> None:
+    console.print(f"tenant [bold]{tenant['name']}[/bold]: {_show_quota(tenant['quota'])}")
+
+
 @tenants_app.command("create")
 def tenants_create(name: str, gpus: GpusOption = None, cpu: CpuOption = None, memory: MemoryOption = None,
                    max_running_jobs: RunningOption = None, max_queued_jobs: QueuedOption = None,
                    server: ServerOption = "http://127.0.0.1:8080") -> None:
     """Create a tenant; limits not given are unlimited."""
-    with _client(server) as client:
-        try:
-            tenant = client.create_tenant(name, _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs))
-        except ApiError as error:
-            _fail(error)
-    console.print(f"tenant [bold]{tenant['name']}[/bold]: {_show_quota(tenant['quota'])}")
+    quota = _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs)
+    _show_tenant(_request(server, lambda client: client.create_tenant(name, quota)))
 
 
 @tenants_app.command("set-quota")
@@ -249,22 +243,14 @@ def tenants_set_quota(name: str, gpus: GpusOption = None, cpu: CpuOption = None,
                       max_running_jobs: RunningOption = None, max_queued_jobs: QueuedOption = None,
                       server: ServerOption = "http://127.0.0.1:8080") -> None:
     """Replace a tenant's quota (limits not given become unlimited); running jobs keep running."""
-    with _client(server) as client:
-        try:
-            tenant = client.set_quota(name, _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs))
-        except ApiError as error:
-            _fail(error)
-    console.print(f"tenant [bold]{tenant['name']}[/bold]: {_show_quota(tenant['quota'])}")
+    quota = _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs)
+    _show_tenant(_request(server, lambda client: client.set_quota(name, quota)))
 
 
 @tenants_app.command("list")
 def tenants_list(server: ServerOption = "http://127.0.0.1:8080") -> None:
     """All tenants and their quotas."""
-    with _client(server) as client:
-        try:
-            items = client.tenants()["items"]
-        except ApiError as error:
-            _fail(error)
+    items = _request(server, lambda client: client.tenants()["items"])
     table = Table("TENANT", "QUOTA", "CREATED")
     for tenant in items:
         table.add_row(tenant["name"], _show_quota(tenant["quota"]), tenant["created_at"][:19].replace("T", " "))
@@ -275,11 +261,7 @@ def tenants_list(server: ServerOption = "http://127.0.0.1:8080") -> None:
 def tenants_usage(name: Annotated[str | None, typer.Argument(help="Default: the token's own tenant.")] = None,
                   server: ServerOption = "http://127.0.0.1:8080") -> None:
     """A tenant's quota against what its jobs hold now, its queue and GPU-hours of the last 7 days."""
-    with _client(server) as client:
-        try:
-            usage = client.usage(name)
-        except ApiError as error:
-            _fail(error)
+    usage = _request(server, lambda client: client.usage(name))
     used, quota = usage["used"], usage["quota"]
     console.print(f"[bold]{usage['tenant']}[/bold]  quota: {_show_quota(quota)}")
     console.print(f"used: {used['gpus']:g} GPUs, {used['cpu']:g} CPU, {used['memory_bytes'] / 2**30:.1f} GiB, "
@@ -293,11 +275,7 @@ def tokens_create(tenant: str, name: Annotated[str, typer.Option(help="What the 
                   expires_at: Annotated[str | None, typer.Option(help="ISO time with zone, e.g. 2027-01-01T00:00:00Z.")]
                   = None, server: ServerOption = "http://127.0.0.1:8080") -> None:
     """Create a token; its secret is printed this once."""
-    with _client(server) as client:
-        try:
-            token = client.create_token(tenant, name=name, role=role, expires_at=expires_at)
-        except ApiError as error:
-            _fail(error)
+    token = _request(server, lambda c: c.create_token(tenant, name=name, role=role, expires_at=expires_at))
     console.print(f"token {token['id']} ({token['role']}) for {tenant}; shown once, store it now:")
     print(token["token"])
 
@@ -305,11 +283,7 @@ def tokens_create(tenant: str, name: Annotated[str, typer.Option(help="What the 
 @tokens_app.command("list")
 def tokens_list(tenant: str, server: ServerOption = "http://127.0.0.1:8080") -> None:
     """A tenant's tokens (never their secrets)."""
-    with _client(server) as client:
-        try:
-            items = client.tokens(tenant)["items"]
-        except ApiError as error:
-            _fail(error)
+    items = _request(server, lambda client: client.tokens(tenant)["items"])
     table = Table("ID", "NAME", "ROLE", "PREFIX", "EXPIRES", "REVOKED")
     for token in items:
         table.add_row(str(token["id"]), token["name"], token["role"], token["prefix"],
@@ -320,11 +294,7 @@ def tokens_list(tenant: str, server: ServerOption = "http://127.0.0.1:8080") -> 
 @tokens_app.command("revoke")
 def tokens_revoke(tenant: str, token_id: int, server: ServerOption = "http://127.0.0.1:8080") -> None:
     """Revoke a token at once."""
-    with _client(server) as client:
-        try:
-            client.revoke_token(tenant, token_id)
-        except ApiError as error:
-            _fail(error)
+    _request(server, lambda client: client.revoke_token(tenant, token_id))
     console.print(f"token {token_id} of {tenant} revoked")
 
 
