@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
+import httpx
 import typer
 import yaml
 from rich.console import Console
@@ -58,6 +59,8 @@ def _request(server: str, call: Callable[[Client], Any]) -> Any:
             return call(client)
         except ApiError as error:
             _fail(error)
+        except httpx.TransportError as error:
+            _fail(RuntimeError(f"cannot reach the kembed API at {server} ({error}); is `kembed serve` running?"))
 
 
 def _fail(error: ApiError | Exception) -> None:
