@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kembed_api import __version__
+from kembed_api.auth.cache import TtlCache
 from kembed_api.auth.service import ensure_bootstrap_token
 from kembed_api.backends.base import Backend
 from kembed_api.backends.local import LocalBackend
@@ -74,6 +75,7 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
         app.state.settings, app.state.db, app.state.metrics = settings, db, metrics
         app.state.dispatcher, app.state.backend = dispatcher, dispatcher.backend
         app.state.forecasts = Forecasts(capacity=dispatcher.backend.capacity)
+        app.state.principals = TtlCache(ttl_s=settings.token_cache_s)
         dispatcher.start()
         log.info("kembed API ready (backend %s, database %s)", settings.backend.value, db.engine.url.get_backend_name())
         try:

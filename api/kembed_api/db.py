@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -69,7 +70,8 @@ class Database:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        if url.startswith("sqlite"):
+        self.is_sqlite = url.startswith("sqlite")
+        if self.is_sqlite:
             path = url.split("///", 1)[-1]
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -80,9 +82,12 @@ class Database:
         else:
             # FastAPI runs sync routes on up to 40 threads; each holds at most one connection at a time.
             self.engine = create_engine(url, pool_size=20, max_overflow=30, pool_pre_ping=True)
-        self.is_sqlite = url.startswith("sqlite")
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self.engine.execution_options(kembed_write=True), expire_on_commit=False)
+        # SQLite has one writer at a time. Waiting for its file lock means sleeping in SQLite's busy handler (up
+        # to 100 ms a try), so writers of this process queue on a lock of our own, which hands over at once;
+        # the busy timeout is left for other processes (a CLI, a migration).
+        self._write_lock = threading.Lock() if self.is_sqlite else nullcontext()
 
     @contextmanager
     def session(self, *, write: bool = False) -> Iterator[Session]:
@@ -90,7 +95,8 @@ class Database:
 
         `write=True` for a unit that reads and then writes: on SQLite it holds the write lock from the start.
         """
-        with (self._write_sessions if write else self._sessions)() as session:
+        sessions = self._write_sessions if write else self._sessions
+        with self._write_lock if write else nullcontext(), sessions() as session:
             try:
                 yield session
                 session.commit()

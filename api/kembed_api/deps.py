@@ -1,77 +1,92 @@
-"""FastAPI dependencies: database sessions and who is calling (token -> tenant + role)."""
+"""FastAPI dependencies: who is calling (token -> tenant + role), the database, the queue forecasts.
+
+They are all `async` and do no blocking I/O on a warm cache, so a request reaches its route without a trip
+through the worker threads; sync routes then open their own database session (`with db.session()`) in the one
+worker thread they run on. A session opened by a dependency would cost two more thread hops per request (enter
+and teardown), and a write lock released in a teardown would wait for a free worker thread while every worker
+waits for the lock.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from kembed_api.auth import service as auth_service
 from kembed_api.auth.roles import Action, Role, allowed
-from kembed_api.db import Database
+from kembed_api.db import Database, utcnow
 from kembed_api.jobs.forecasts import Forecasts
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import ensure_tenant
 
-__all__ = [
-    "Admin", "Db", "DbSession", "Principal", "QueueForecasts", "Reader", "Submitter", "TokenManager",
-]
+__all__ = ["Admin", "Db", "Principal", "QueueForecasts", "Reader", "Submitter", "TokenManager"]
 
 _bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer kmb_...`")
 
 
-def _db_session(request: Request) -> Iterator[Session]:
-    with request.app.state.db.session() as session:
-        yield session
-
-
-def _database(request: Request) -> Database:
+async def _database(request: Request) -> Database:
     return request.app.state.db
 
 
-# Reads get a request-long session. Writes open `with db.session(write=True)` inside the route instead: that
-# releases SQLite's write lock in the route's own thread. Released in a dependency's teardown, it would wait for
-# a free worker thread while every worker waits for the lock.
-DbSession = Annotated[Session, Depends(_db_session)]
 Db = Annotated[Database, Depends(_database)]
 
 
 @dataclass(frozen=True)
 class Principal:
-    """The caller: a tenant and a role (and the token, when tokens are on)."""
+    """The caller: a tenant and a role (and the token, when tokens are on).
+
+    `tenant` identifies the caller's tenant (id, name); its quota columns may be `token_cache_s` old, so code that
+    enforces a quota reads the tenant's row again in its own transaction.
+    """
 
     tenant: Tenant
     role: Role
     token_id: int | None = None
+    expires_at: datetime | None = None
 
 
-def _principal(
+def _look_up(request: Request, secret: str | None) -> Principal | None:
+    settings, db = request.app.state.settings, request.app.state.db
+    with db.session() as session:
+        if not settings.auth:
+            # Tokens switched off (a private single-user server): everyone is the default tenant's admin.
+            return Principal(tenant=ensure_tenant(session, name=settings.default_tenant), role=Role.PLATFORM_ADMIN)
+        found = auth_service.authenticate(session, secret=secret)
+    if found is None:
+        return None
+    token, tenant = found
+    return Principal(tenant=tenant, role=Role(token.role), token_id=token.id, expires_at=token.expires_at)
+
+
+async def _principal(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Principal:
     settings = request.app.state.settings
     if settings.auth and credentials is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing token: send `Authorization: Bearer <token>`",
                             headers={"WWW-Authenticate": "Bearer"})
-    # A session of its own, closed at once: a request must never hold two pooled connections, or concurrent
-    # requests each holding one and waiting for a second would drain the pool.
-    with request.app.state.db.session() as session:
-        if not settings.auth:
-            # Tokens switched off (a private single-user server): everyone is the default tenant's admin.
-            return Principal(tenant=ensure_tenant(session, name=settings.default_tenant), role=Role.PLATFORM_ADMIN)
-        found = auth_service.authenticate(session, secret=credentials.credentials)
-    if found is None:
+    secret = credentials.credentials if settings.auth else None
+    key = auth_service.hash_secret(secret) if secret else None
+    cache = request.app.state.principals
+    principal = cache.get(key)
+    if principal is None:
+        principal = await run_in_threadpool(_look_up, request, secret)
+        if principal is not None:
+            cache.put(key, principal)
+    if principal is None or (principal.expires_at is not None and principal.expires_at <= utcnow()):
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token",
                             headers={"WWW-Authenticate": "Bearer"})
-    token, tenant = found
-    return Principal(tenant=tenant, role=Role(token.role), token_id=token.id)
+    return principal
 
 
 def _require(action: Action) -> Callable[[Principal], Principal]:
-    def check(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
+    async def check(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
         if not allowed(principal.role, action):
             raise HTTPException(status.HTTP_403_FORBIDDEN, f"role {principal.role.value} may not {action.value}")
         return principal
@@ -85,7 +100,7 @@ TokenManager = Annotated[Principal, Depends(_require(Action.MANAGE_TOKENS))]
 Admin = Annotated[Principal, Depends(_require(Action.MANAGE_TENANTS))]
 
 
-def _forecasts(request: Request) -> Forecasts:
+async def _forecasts(request: Request) -> Forecasts:
     return request.app.state.forecasts
 
 

@@ -74,6 +74,12 @@ class Settings(BaseSettings):
         description="A platform-admin token to make sure exists (e.g. from a Kubernetes Secret). Unset: on "
         "first start a token is minted, printed once and written to <data_dir>/admin-token (mode 0600).",
     )
+    token_cache_s: float = Field(
+        5.0,
+        ge=0,
+        description="Seconds a replica remembers what a token resolved to. A token revoked (or a quota changed) "
+        "through another replica takes effect here within this time; 0 asks the database on every request.",
+    )
     json_logs: bool = Field(False, description="Log one JSON object per line (for log collectors).")
     admission_paused: bool = Field(
         False,

@@ -18,6 +18,8 @@ class Job(Base):
         Index("ix_jobs_tenant_state", "tenant_id", "state"),
         # Admission order within a tenant's queue: positions and forecasts read only this index.
         Index("ix_jobs_queue_order", "tenant_id", "state", "priority", "seq"),
+        # GPU-hours of a tenant (the usage endpoint) from the index alone; queued jobs (not admitted) are skipped.
+        Index("ix_jobs_gpu_time", "tenant_id", "admitted_at", "finished_at", "gpus"),
     )
 
     # `seq` orders the queue (FIFO within a priority) and pages lists; `id` is the public, DNS-safe name.

@@ -7,9 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from kembed_api import checkpoints
-from kembed_api.deps import Db, DbSession, QueueForecasts, Reader, Submitter
+from kembed_api.deps import Db, QueueForecasts, Reader, Submitter
 from kembed_api.jobs import service
 from kembed_api.jobs.forecasts import Forecasts
 from kembed_api.jobs.models import Job
@@ -21,6 +22,10 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 _NOT_FOUND = {404: {"description": "No such job for this tenant (another tenant's job is not found either)."}}
 _AUTH = {401: {"description": "Missing, invalid, expired or revoked token."},
          403: {"description": "The token's role may not do this (viewers only read)."}}
+
+
+# Tries of one submission: job ids are random, so a second collision in a row is as good as impossible.
+_SUBMIT_TRIES = 3
 
 
 def _forecast_of(session, principal, forecasts: Forecasts):
@@ -59,12 +64,20 @@ def submit_job(
     except ValueError as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(error)) from error
     try:
-        with db.session(write=True) as session:
-            job, created = service.submit(
-                session, tenant=principal.tenant, spec=spec,
-                checkpoint_root=request.app.state.settings.resolved_checkpoint_root, idempotency_key=idempotency_key,
-            )
-            read = service.submitted_read(session, job=job, tenant=principal.tenant)
+        for attempt in range(_SUBMIT_TRIES):
+            try:
+                with db.session(write=True) as session:
+                    job, created = service.submit(
+                        session, tenant=principal.tenant, spec=spec, idempotency_key=idempotency_key,
+                        checkpoint_root=request.app.state.settings.resolved_checkpoint_root,
+                    )
+                    read = service.submitted_read(session, job=job, tenant=principal.tenant, created=created)
+                break
+            except IntegrityError:
+                # The random job id was taken, or a retry with the same Idempotency-Key won a race (PostgreSQL):
+                # the next try draws another id, or finds the job the other request stored.
+                if attempt == _SUBMIT_TRIES - 1:
+                    raise
     except service.CannotRun as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(error)) from error
     except service.QueueFull as error:
@@ -77,7 +90,7 @@ def submit_job(
 
 @router.get("", response_model=JobList, responses=_AUTH, summary="List jobs, newest first")
 def list_jobs(
-    session: DbSession,
+    db: Db,
     principal: Reader,
     forecasts: QueueForecasts,
     state: Annotated[list[JobState] | None, Query(description="Only jobs in these states.")] = None,
@@ -86,19 +99,21 @@ def list_jobs(
     cursor: Annotated[str | None, Query(max_length=64, description="`next_cursor` of the previous page.")] = None,
 ) -> JobList:
     try:
-        return service.list_jobs(
-            session, tenant=principal.tenant, states=state, name=name, limit=limit, cursor=cursor,
-            forecast=lambda: forecasts.fresh(session, tenant=principal.tenant),
-        )
+        with db.session() as session:
+            return service.list_jobs(
+                session, tenant=principal.tenant, states=state, name=name, limit=limit, cursor=cursor,
+                forecast=lambda: forecasts.fresh(session, tenant=principal.tenant),
+            )
     except ValueError as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=f"cursor: {error}") from error
 
 
 @router.get("/{job_id}", response_model=JobRead, responses={**_NOT_FOUND, **_AUTH}, summary="One job with its events")
-def get_job(job_id: str, session: DbSession, principal: Reader, forecasts: QueueForecasts) -> JobRead:
+def get_job(job_id: str, db: Db, principal: Reader, forecasts: QueueForecasts) -> JobRead:
     try:
-        return service.read_job(session, tenant=principal.tenant, job_id=job_id,
-                                forecast=_forecast_of(session, principal, forecasts))
+        with db.session() as session:
+            return service.read_job(session, tenant=principal.tenant, job_id=job_id,
+                                    forecast=_forecast_of(session, principal, forecasts))
     except service.JobNotFound:
         raise _not_found(job_id) from None
 
@@ -131,11 +146,12 @@ def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, fore
 def job_logs(
     job_id: str,
     request: Request,
-    session: DbSession,
+    db: Db,
     principal: Reader,
     tail: Annotated[int | None, Query(ge=1, le=100_000, description="Only the last N lines of each node.")] = None,
 ) -> str:
-    _job_of(session, principal, job_id)
+    with db.session() as session:
+        _job_of(session, principal, job_id)
     return request.app.state.backend.read_logs(job_id, tail_lines=tail)
 
 
@@ -148,14 +164,16 @@ def _job_of(session, principal, job_id: str) -> Job:
 
 @router.get("/{job_id}/events", response_model=list[JobEventRead], responses={**_NOT_FOUND, **_AUTH},
             summary="Every state change of a job, with time, reason and message")
-def job_events(job_id: str, session: DbSession, principal: Reader) -> list[JobEventRead]:
-    return service.list_events(session, job=_job_of(session, principal, job_id))
+def job_events(job_id: str, db: Db, principal: Reader) -> list[JobEventRead]:
+    with db.session() as session:
+        return service.list_events(session, job=_job_of(session, principal, job_id))
 
 
 @router.get("/{job_id}/checkpoints", response_model=list[checkpoints.CheckpointRead],
             responses={**_NOT_FOUND, **_AUTH}, summary="Complete checkpoints with step, time and size")
-def job_checkpoints(job_id: str, session: DbSession, principal: Reader) -> list[checkpoints.CheckpointRead]:
-    job = _job_of(session, principal, job_id)
+def job_checkpoints(job_id: str, db: Db, principal: Reader) -> list[checkpoints.CheckpointRead]:
+    with db.session() as session:
+        job = _job_of(session, principal, job_id)
     uri = JobSpec.model_validate(job.spec).trainer.checkpoint.uri
     return checkpoints.list_checkpoints(uri) if uri else []
 
@@ -164,12 +182,13 @@ def job_checkpoints(job_id: str, session: DbSession, principal: Reader) -> list[
             summary="The series of records the trainer reported")
 def job_metrics(
     job_id: str,
-    session: DbSession,
+    db: Db,
     principal: Reader,
     event: Annotated[str | None, Query(max_length=32, description="progress, eval, checkpoint, ...")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> list[JobMetricRead]:
-    return service.list_metrics(session, job=_job_of(session, principal, job_id), event=event, limit=limit)
+    with db.session() as session:
+        return service.list_metrics(session, job=_job_of(session, principal, job_id), event=event, limit=limit)
 
 
 @router.post(

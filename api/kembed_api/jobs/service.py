@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from kembed_api.admission import Demand, Quota, RunningJob, estimate_start_times, never_fits
@@ -136,17 +135,24 @@ def submit(
     idempotency_key: str | None = None,
     now: datetime | None = None,
 ) -> tuple[Job, bool]:
-    """Store a QUEUED job. Returns (job, created); a repeated idempotency key returns the first job."""
+    """Store a QUEUED job. Returns (job, created); a repeated idempotency key returns the first job.
+
+    The job id is drawn at random and not checked first: the unique constraint catches the rare collision (and a
+    race of two retries with one idempotency key), and the caller retries the whole unit (IntegrityError).
+    """
     if idempotency_key is not None:
         existing = session.scalar(
             select(Job).where(Job.tenant_id == tenant.id, Job.idempotency_key == idempotency_key)
         )
         if existing is not None:
             return existing, False
+    # The tenant's quota, read again inside this transaction: the caller's copy may be a few seconds old (see
+    # kembed_api.deps.Principal).
+    tenant = session.get_one(Tenant, tenant.id, populate_existing=True)
     _check_can_run(spec, tenant=tenant)
     if tenant.quota_max_queued_jobs is not None:
-        # Concurrent submissions of one tenant count its queue one at a time (PostgreSQL row lock; SQLite's
-        # write transaction already serialises them).
+        # Concurrent submissions of one tenant count its queue one at a time (PostgreSQL row lock; SQLite's write
+        # transaction already serialises them).
         session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
         queued = session.scalar(
             select(func.count()).where(Job.tenant_id == tenant.id, Job.state == JobState.QUEUED)
@@ -155,13 +161,13 @@ def submit(
             raise QueueFull(f"tenant {tenant.name!r} already has {queued} queued jobs "
                             f"(quota.max_queued_jobs is {tenant.quota_max_queued_jobs}); retry when some have started")
     now = now or utcnow()
-    job_id = _free_job_id(session, spec.name)
+    job_id = _new_job_id(spec.name)
     demand = Demand.of(spec)
     own_prefix = f"{checkpoint_root}/{tenant.name}/"
+    stored_spec = spec.model_dump(mode="json")
     if spec.trainer.checkpoint.uri is None:
         # Checkpoints are namespaced by tenant so no tenant is ever handed another's path.
-        spec = spec.model_copy(deep=True)
-        spec.trainer.checkpoint.uri = f"{own_prefix}{job_id}"
+        stored_spec["trainer"]["checkpoint"]["uri"] = f"{own_prefix}{job_id}"
     elif spec.trainer.checkpoint.uri.startswith(f"{checkpoint_root}/") and not (
             spec.trainer.checkpoint.uri.startswith(own_prefix)):
         raise CannotRun(f"trainer.checkpoint.uri: under the platform's checkpoint root a job may only use its "
@@ -170,7 +176,7 @@ def submit(
         id=job_id,
         tenant_id=tenant.id,
         name=spec.name,
-        spec=spec.model_dump(mode="json"),
+        spec=stored_spec,
         priority=spec.priority,
         gpus=demand.gpus,
         cpu=demand.cpu,
@@ -185,36 +191,20 @@ def submit(
         metrics={},
         backend_state={},
     )
-    try:
-        with session.begin_nested():
-            session.add(job)
-    except IntegrityError:
-        # Two retries with one Idempotency-Key raced (PostgreSQL): the one that lost returns the other's job.
-        existing = session.scalar(
-            select(Job).where(Job.tenant_id == tenant.id, Job.idempotency_key == idempotency_key)
-        ) if idempotency_key else None
-        if existing is None:
-            raise
-        return existing, False
+    session.add(job)
+    session.flush()
     session.add(JobEvent(job_seq=job.seq, time=now, state=JobState.QUEUED, reason="Submitted",
                          message="waiting for admission"))
     return job, True
 
 
-def _free_job_id(session: Session, name: str) -> str:
-    """name-xxxxx not taken yet: with 36**5 suffixes, thousands of jobs of one name do collide now and then."""
-    for _ in range(10):
-        job_id = _new_job_id(name)
-        if session.scalar(select(Job.seq).where(Job.id == job_id)) is None:
-            return job_id
-    raise RuntimeError(f"no free job id for name {name!r} after 10 tries")
-
-
-def submitted_read(session: Session, *, job: Job, tenant: Tenant) -> JobRead:
+def submitted_read(session: Session, *, job: Job, tenant: Tenant, created: bool) -> JobRead:
     """What a submission answers, from the job just stored (no second read): its place in the queue is counted,
-    its estimated start comes with later reads."""
+    its estimated start comes with later reads. A new job's only event is its submission."""
     queue = (queue_position(session, job=job), None) if job.state == JobState.QUEUED else None
-    return to_read(job, tenant_name=tenant.name, queue=queue, events=list_events(session, job=job))
+    events = ([JobEventRead(time=job.created_at, state=JobState.QUEUED, reason=job.reason, message=job.message)]
+              if created else list_events(session, job=job))
+    return to_read(job, tenant_name=tenant.name, queue=queue, events=events)
 
 
 def _check_can_run(spec: JobSpec, *, tenant: Tenant) -> None:

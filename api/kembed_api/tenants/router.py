@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Request, Response, status
 from kembed_api.auth import service as auth_service
 from kembed_api.auth.models import ApiToken
 from kembed_api.auth.roles import Role
-from kembed_api.deps import Admin, Db, DbSession, Principal, Reader, TokenManager
+from kembed_api.deps import Admin, Db, Principal, Reader, TokenManager
 from kembed_api.tenants import service
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.schemas import (
@@ -61,13 +61,15 @@ def _sync(request: Request, tenant: Tenant) -> None:
 
 
 @router.get("/v1/tenants", response_model=TenantList, summary="List tenants")
-def list_tenants(session: DbSession, _: Admin) -> TenantList:
-    return TenantList(items=[service.to_read(t) for t in service.list_tenants(session)])
+def list_tenants(db: Db, _: Admin) -> TenantList:
+    with db.session() as session:
+        return TenantList(items=[service.to_read(t) for t in service.list_tenants(session)])
 
 
 @router.get("/v1/tenants/{name}", response_model=TenantRead, responses=_NOT_FOUND, summary="One tenant")
-def get_tenant(name: str, session: DbSession, principal: Reader) -> TenantRead:
-    return service.to_read(_tenant_for(principal, session, name))
+def get_tenant(name: str, db: Db, principal: Reader) -> TenantRead:
+    with db.session() as session:
+        return service.to_read(_tenant_for(principal, session, name))
 
 
 @router.patch("/v1/tenants/{name}", response_model=TenantRead, responses=_NOT_FOUND, summary="Set a tenant's quota")
@@ -76,6 +78,7 @@ def update_tenant(name: str, body: TenantUpdate, request: Request, db: Db, princ
         tenant = _tenant_for(principal, session, name)
         service.set_quota(tenant, body.quota)
         read = service.to_read(tenant)
+    request.app.state.principals.clear()  # callers of this tenant see the new quota at once
     _sync(request, tenant)
     request.app.state.dispatcher.wake()  # a larger quota may admit waiting jobs now
     return read
@@ -83,13 +86,15 @@ def update_tenant(name: str, body: TenantUpdate, request: Request, db: Db, princ
 
 @router.get("/v1/tenants/{name}/usage", response_model=Usage, responses=_NOT_FOUND,
             summary="A tenant's quota against its use")
-def tenant_usage(name: str, session: DbSession, principal: Reader) -> Usage:
-    return service.usage(session, tenant=_tenant_for(principal, session, name))
+def tenant_usage(name: str, db: Db, principal: Reader) -> Usage:
+    with db.session() as session:
+        return service.usage(session, tenant=_tenant_for(principal, session, name))
 
 
 @router.get("/v1/usage", response_model=Usage, summary="The caller's tenant: quota, use, queue, GPU-hours")
-def my_usage(session: DbSession, principal: Reader) -> Usage:
-    return service.usage(session, tenant=principal.tenant)
+def my_usage(db: Db, principal: Reader) -> Usage:
+    with db.session() as session:
+        return service.usage(session, tenant=principal.tenant)
 
 
 # ----------------------------------------------------------------------------------------------- tokens
@@ -113,16 +118,18 @@ def create_token(name: str, body: TokenCreate, db: Db, principal: TokenManager) 
 
 @router.get("/v1/tenants/{name}/tokens", response_model=TokenList, responses=_NOT_FOUND,
             summary="List a tenant's tokens (never their secrets)")
-def list_tokens(name: str, session: DbSession, principal: TokenManager) -> TokenList:
-    tenant = _tenant_for(principal, session, name)
-    return TokenList(items=[_token_read(t) for t in auth_service.list_tokens(session, tenant=tenant)])
+def list_tokens(name: str, db: Db, principal: TokenManager) -> TokenList:
+    with db.session() as session:
+        tenant = _tenant_for(principal, session, name)
+        return TokenList(items=[_token_read(t) for t in auth_service.list_tokens(session, tenant=tenant)])
 
 
 @router.delete("/v1/tenants/{name}/tokens/{token_id}", status_code=status.HTTP_204_NO_CONTENT,
                responses=_NOT_FOUND, summary="Revoke a token")
-def revoke_token(name: str, token_id: int, db: Db, principal: TokenManager) -> Response:
+def revoke_token(name: str, token_id: int, request: Request, db: Db, principal: TokenManager) -> Response:
     with db.session(write=True) as session:
         tenant = _tenant_for(principal, session, name)
         if auth_service.revoke_token(session, tenant=tenant, token_id=token_id) is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"token {token_id} not found")
+    request.app.state.principals.clear()  # the revoked token stops working here at once
     return Response(status_code=status.HTTP_204_NO_CONTENT)

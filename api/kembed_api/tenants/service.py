@@ -108,8 +108,8 @@ def _gpu_hours(session: Session, *, tenant: Tenant, since: datetime, now: dateti
     """GPU-hours held from admission to finish (or now), clipped to the window."""
     rows = session.execute(
         select(Job.gpus, Job.admitted_at, Job.finished_at).where(
-            Job.tenant_id == tenant.id, Job.gpus > 0, Job.admitted_at.is_not(None),
-            (Job.finished_at.is_(None)) | (Job.finished_at >= since),
+            Job.tenant_id == tenant.id, Job.admitted_at.is_not(None),
+            (Job.finished_at.is_(None)) | (Job.finished_at >= since), Job.gpus > 0,
         )
     )
     seconds = 0.0
