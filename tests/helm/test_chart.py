@@ -1,14 +1,22 @@
-"""The Helm chart: lint, render validated by the 1.35 API server, refusals, and a real install/upgrade/uninstall."""
+"""The Helm chart: lint, render validated by the 1.35 API server, refusals, a real install/upgrade/uninstall, and
+`helm test` against an API that really runs."""
 
 from __future__ import annotations
 
+import json
 import pathlib
+import shutil
 import subprocess
+import urllib.request
 
 import pytest
+import yaml
 from kubernetes.client.rest import ApiException
 
+from kembed_api import resources
+from kembed_api.ports import free_port
 from tests.cluster.fixture import Cluster, wait_for
+from tests.fixtures.servers import PostgresServer
 from tests.operator import harness
 
 pytestmark = pytest.mark.cluster
@@ -114,3 +122,121 @@ def test_install_reconcile_upgrade_uninstall(cluster: Cluster, tmp_path):
     assert token_before  # the admin token existed while installed
     with pytest.raises(ApiException):
         cluster.core().read_namespaced_secret(f"{RELEASE}-kembed-admin-token", NAMESPACE)
+
+
+def _apply_crds(cluster: Cluster) -> None:
+    """The CRDs as a platform team applies them beside a release installed with crds.install=false (an earlier
+    release of this test run may own them already)."""
+    crds = yaml.safe_dump_all(resources.render_crds())
+    subprocess.run([str(cluster.kubectl_path), "apply", "--server-side", "--force-conflicts", "-f", "-"],
+                   input=crds, text=True, env=cluster.env, check=True, capture_output=True)
+    wait_for(lambda: cluster.kubectl("get", "tenants", check=False).returncode == 0, timeout_s=30,
+             what="tenants.kembed.io served")
+
+
+def _helm_ok(cluster: Cluster, *args: str) -> subprocess.CompletedProcess:
+    """helm that must succeed; its stderr says why when it did not."""
+    result = cluster.helm(*args, check=False, timeout_s=180)
+    assert result.returncode == 0, f"helm {args[0]}: {result.stderr}"
+    return result
+
+
+def _notes_commands(notes: str) -> str:
+    """NOTES.txt steps 2 and 3 (read the admin token, create a tenant) as the shell lines a user would paste."""
+    lines = notes.splitlines()
+    token = next(line.strip() for line in lines if line.strip().startswith("TOKEN=$("))
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("curl -X POST"))
+    return "\n".join([token, lines[start].strip(), lines[start + 1].strip()])
+
+
+def test_helm_test_runs_against_a_real_api_and_fails_when_it_cannot(cluster: Cluster,
+                                                                     postgres_server: PostgresServer):
+    """`helm test` for real: the API pod (its `migrate` init container, then `kembed serve` with the kubernetes
+    backend) and the test pod run on the local node, against PostgreSQL and this control plane."""
+    release, namespace = "ht", "platform-helm-test"
+    _apply_crds(cluster)
+    cluster.create_namespace(namespace)
+    core = cluster.core()
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "kembed-s3"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}})
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "kembed-database"},
+                                              "stringData": {"url": postgres_server.new_database()}})
+    # The test kubelet maps `<service>.svc:PORT` to 127.0.0.1:PORT, so the Service and the container share one
+    # port, free on this machine.
+    port = free_port()
+    api = f"http://127.0.0.1:{port}"
+    # In a real pod the API finds its ServiceAccount token at the in-cluster path; the test kubelet cannot put
+    # files there, so the API gets the same identity (the chart's RBAC, nothing more) through KUBECONFIG. Not in
+    # tmp_path: the kubelet maps paths under the pod's /tmp mount into the pod's own directory.
+    api_kubeconfig = cluster.run_dir / f"{namespace}-api.kubeconfig"
+    local = cluster.local_node_placement()
+    values = [
+        *MINIMAL, "--set", "crds.install=false", "--set", "database.type=external",
+        "--set", "database.external.existingSecret=kembed-database",
+        "--set", "api.replicas=1", "--set", f"api.port={port}", "--set", f"api.service.port={port}",
+        "--set-json", f"api.extraEnv={json.dumps([{'name': 'KUBECONFIG', 'value': str(api_kubeconfig)}])}",
+        "--set-json", f"api.nodeSelector={json.dumps(local['nodeSelector'])}",
+        "--set-json", f"api.tolerations={json.dumps(local['tolerations'])}",
+        "--set-json", f"tests.nodeSelector={json.dumps(local['nodeSelector'])}",
+        "--set-json", f"tests.tolerations={json.dumps(local['tolerations'])}",
+        # The operator is not under test here: one replica on a fake node.
+        "--set", "operator.replicas=1", "--set-json", "operator.tolerations=[{\"operator\": \"Exists\"}]",
+    ]
+    helm_test = ["test", release, "--namespace", namespace, "--logs", "--timeout", "90s"]
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"{api}/healthz", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    try:
+        # No --wait: the ServiceAccount's token exists only once the release does. The API pod's `migrate` init
+        # container runs first, by which time the kubeconfig is in place (if not, the container restarts).
+        _helm_ok(cluster, "install", release, str(CHART), "--namespace", namespace, *values)
+        shutil.copy(cluster.service_account_kubeconfig(namespace, f"{release}-kembed-api"), api_kubeconfig)
+        # The test kubelet reports a container ready as soon as it runs (no probes): wait for what the readiness
+        # probe checks before `helm test`, as a real kubelet would.
+        try:
+            wait_for(healthy, timeout_s=120, interval_s=0.5, what=f"the API pod serving {api}/healthz")
+        except TimeoutError as error:
+            logs = cluster.kubectl("logs", f"deploy/{release}-kembed-api", "--namespace", namespace,
+                                   "--all-containers", "--tail=40", check=False)
+            raise AssertionError(f"{error}\n{logs.stdout}{logs.stderr}") from None
+
+        passed = cluster.helm(*helm_test, check=False, timeout_s=150)
+        assert passed.returncode == 0, passed.stdout + passed.stderr
+        assert "tenant helm-test created and read back with the admin token" in passed.stdout, passed.stdout
+        # The API really ran against this cluster with the chart's RBAC: it made the Tenant resource.
+        assert cluster.kubectl("get", "tenant", "helm-test", check=False).returncode == 0
+        again = cluster.helm(*helm_test, check=False, timeout_s=150)  # the tenant is kept: a rerun finds it
+        assert again.returncode == 0 and "tenant helm-test already there" in again.stdout, again.stdout + again.stderr
+
+        # NOTES.txt: the printed commands read the token and create a tenant (the Service reached directly here,
+        # as the test kubelet has no port-forward), and it names this very `helm test`.
+        notes = _helm_ok(cluster, "get", "notes", release, "--namespace", namespace).stdout
+        assert f"helm test {release} -n {namespace}" in notes, notes
+        created = subprocess.run(["bash", "-euc", _notes_commands(notes) + " -sS -o /dev/null -w '%{http_code}'"],
+                                 env={**cluster.env, "API": api}, capture_output=True, text=True, timeout=60)
+        assert created.stdout == "201", (created.stdout, created.stderr, notes)
+
+        # A token the API does not know: /healthz still answers, the tenant step must fail the test.
+        token_secret = f"{release}-kembed-admin-token"
+        real_token = core.read_namespaced_secret(token_secret, namespace).data["token"]
+        core.patch_namespaced_secret(token_secret, namespace, {"stringData": {"token": "kembed-admin-not-it"}})
+        wrong_token = cluster.helm(*helm_test, check=False, timeout_s=150)
+        assert wrong_token.returncode != 0, wrong_token.stdout
+        assert "creating tenant helm-test: 401" in wrong_token.stdout, wrong_token.stdout + wrong_token.stderr
+
+        # The right token again, but no API pod: the health check must fail the test.
+        core.patch_namespaced_secret(token_secret, namespace, {"data": {"token": real_token}})
+        cluster.kubectl("scale", "deployment", f"{release}-kembed-api", "--namespace", namespace, "--replicas=0")
+        wait_for(lambda: not healthy(), timeout_s=60, what="the API pod gone")
+        no_api = cluster.helm(*helm_test, check=False, timeout_s=150)
+        assert no_api.returncode != 0, no_api.stdout
+        assert "Connection refused" in no_api.stdout, no_api.stdout + no_api.stderr
+    finally:
+        cluster.helm("uninstall", release, "--namespace", namespace, "--wait", check=False, timeout_s=180)
+        cluster.kubectl("delete", "tenants", "helm-test", "team-a", "--ignore-not-found", "--wait=false", check=False)
+        cluster.delete_namespace(namespace)
