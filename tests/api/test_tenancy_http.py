@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
+from kembed_api.app import create_app
+from kembed_api.settings import Settings
 from tests.api.conftest import bearer
 from tests.builders import make_spec
 
@@ -109,6 +113,22 @@ def test_tokens_are_shown_once_stored_hashed_revocable_and_expire(api_client, da
     assert api_client.get("/v1/jobs", headers=bearer(expired["token"])).status_code == 401
     assert api_client.get("/v1/jobs", headers=bearer("kmb_made_up")).status_code == 401
     assert api_client.get("/v1/jobs", headers={"Authorization": ""}).status_code == 401
+
+
+def test_a_token_revoked_through_another_replica_stops_working_within_the_cache_time(
+    api_client, backend, database_url, tmp_path
+):
+    admin = new_tenant(api_client, "team")
+    member = api_client.post("/v1/tenants/team/tokens", json={"name": "m", "role": "member"},
+                             headers=bearer(admin)).json()
+    other = Settings(data_dir=tmp_path / "replica", database_url=database_url, token_cache_s=1.0,
+                     bootstrap_admin_token=(tmp_path / "admin-token").read_text().strip())
+    with TestClient(create_app(other, backend=backend)) as replica:
+        assert replica.get("/v1/jobs", headers=bearer(member["token"])).status_code == 200  # now remembered there
+        assert api_client.delete(f"/v1/tenants/team/tokens/{member['id']}", headers=bearer(admin)).status_code == 204
+        assert api_client.get("/v1/jobs", headers=bearer(member["token"])).status_code == 401  # here: at once
+        time.sleep(1.1)
+        assert replica.get("/v1/jobs", headers=bearer(member["token"])).status_code == 401  # there: after 1 s
 
 
 def test_a_job_bigger_than_the_quota_is_refused_saying_why(api_client):
