@@ -15,6 +15,7 @@ from kembed_api.jobs import service
 from kembed_api.jobs.forecasts import Forecasts
 from kembed_api.jobs.models import Job
 from kembed_api.jobs.schemas import JobCreate, JobEventRead, JobList, JobMetricRead, JobRead, ReportRecord
+from kembed_api.responses import ModelResponse
 from kembed_api.spec import JobSpec, JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -51,14 +52,13 @@ def _not_found(job_id: str) -> HTTPException:
 def submit_job(
     spec: JobCreate,
     request: Request,
-    response: Response,
     db: Db,
     principal: Submitter,
     idempotency_key: Annotated[
         str | None,
         Header(max_length=200, description="Retries with the same key return the first job instead of a new one."),
     ] = None,
-) -> JobRead:
+) -> Response:
     try:
         request.app.state.backend.check_fits(spec)
     except ValueError as error:
@@ -83,9 +83,7 @@ def submit_job(
     except service.QueueFull as error:
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, detail=str(error)) from error
     request.app.state.dispatcher.wake()
-    if not created:
-        response.status_code = status.HTTP_200_OK
-    return read
+    return ModelResponse(read, status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 @router.get("", response_model=JobList, responses=_AUTH, summary="List jobs, newest first")
@@ -97,23 +95,23 @@ def list_jobs(
     name: Annotated[str | None, Query(max_length=46, description="Only jobs submitted with this name.")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=64, description="`next_cursor` of the previous page.")] = None,
-) -> JobList:
+) -> Response:
     try:
         with db.session() as session:
-            return service.list_jobs(
+            return ModelResponse(service.list_jobs(
                 session, tenant=principal.tenant, states=state, name=name, limit=limit, cursor=cursor,
                 forecast=lambda: forecasts.fresh(session, tenant=principal.tenant),
-            )
+            ))
     except ValueError as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=f"cursor: {error}") from error
 
 
 @router.get("/{job_id}", response_model=JobRead, responses={**_NOT_FOUND, **_AUTH}, summary="One job with its events")
-def get_job(job_id: str, db: Db, principal: Reader, forecasts: QueueForecasts) -> JobRead:
+def get_job(job_id: str, db: Db, principal: Reader, forecasts: QueueForecasts) -> Response:
     try:
         with db.session() as session:
-            return service.read_job(session, tenant=principal.tenant, job_id=job_id,
-                                    forecast=_forecast_of(session, principal, forecasts))
+            return ModelResponse(service.read_job(session, tenant=principal.tenant, job_id=job_id,
+                                                  forecast=_forecast_of(session, principal, forecasts)))
     except service.JobNotFound:
         raise _not_found(job_id) from None
 
@@ -125,7 +123,7 @@ def get_job(job_id: str, db: Db, principal: Reader, forecasts: QueueForecasts) -
     responses={**_NOT_FOUND, **_AUTH},
     summary="Cancel a job (a running one saves a checkpoint first)",
 )
-def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, forecasts: QueueForecasts) -> JobRead:
+def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, forecasts: QueueForecasts) -> Response:
     try:
         with db.session(write=True) as session:
             service.request_cancel(session, tenant=principal.tenant, job_id=job_id)
@@ -133,8 +131,9 @@ def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, fore
         raise _not_found(job_id) from None
     request.app.state.dispatcher.wake()
     with db.session() as session:
-        return service.read_job(session, tenant=principal.tenant, job_id=job_id,
-                                forecast=_forecast_of(session, principal, forecasts))
+        return ModelResponse(service.read_job(session, tenant=principal.tenant, job_id=job_id,
+                                              forecast=_forecast_of(session, principal, forecasts)),
+                             status_code=status.HTTP_202_ACCEPTED)
 
 
 @router.get(

@@ -10,6 +10,7 @@ from kembed_api.auth import service as auth_service
 from kembed_api.auth.models import ApiToken
 from kembed_api.auth.roles import Role
 from kembed_api.deps import Admin, Db, Principal, Reader, TokenManager
+from kembed_api.responses import ModelResponse
 from kembed_api.tenants import service
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.schemas import (
@@ -86,15 +87,15 @@ def update_tenant(name: str, body: TenantUpdate, request: Request, db: Db, princ
 
 @router.get("/v1/tenants/{name}/usage", response_model=Usage, responses=_NOT_FOUND,
             summary="A tenant's quota against its use")
-def tenant_usage(name: str, db: Db, principal: Reader) -> Usage:
+def tenant_usage(name: str, db: Db, principal: Reader) -> Response:
     with db.session() as session:
-        return service.usage(session, tenant=_tenant_for(principal, session, name))
+        return ModelResponse(service.usage(session, tenant=_tenant_for(principal, session, name)))
 
 
 @router.get("/v1/usage", response_model=Usage, summary="The caller's tenant: quota, use, queue, GPU-hours")
-def my_usage(db: Db, principal: Reader) -> Usage:
+def my_usage(db: Db, principal: Reader) -> Response:
     with db.session() as session:
-        return service.usage(session, tenant=principal.tenant)
+        return ModelResponse(service.usage(session, tenant=principal.tenant))
 
 
 # ----------------------------------------------------------------------------------------------- tokens
