@@ -4,9 +4,14 @@
 
 Starts its own control plane (tests/cluster), installs the CRDs and the chart's operator RBAC, runs one operator
 replica under that identity, then creates the jobs as fast as 8 client threads can. Each job is 1 pod with
-1 GPU that runs 5 s on a fake node. Reported: jobs/s from the first CR created to the last job's pods all scheduled
-(bound to a node), the same for the operator's own part (CR created to its batch Job created), the p50/p99 latency of each job from its CR created to its pods scheduled, and the operator's
-CPU seconds and peak RSS (from /proc) over the run. Targets (issue 5): >= 50 jobs/s, p99 < 5 s.
+1 GPU that runs 1 s on a fake node (kwok's default stage). Reported: jobs/s from the first CR created to the last
+job's pods all scheduled (bound to a node), the same for the operator's own part (CR created to its batch Job
+created), the p50/p99 latency of each job from its CR created to its pods scheduled, and the operator's CPU
+seconds and peak RSS (from /proc) over the run. Also where each job's time goes after the operator (batch Job ->
+pod created by the Job controller -> pod bound by the scheduler), how long creating the CRs took, the CPU seconds
+of every control-plane process, and the load average (the machine is shared). Targets (issue 5): >= 50 jobs/s, p99 < 5 s.
+
+`--profile out.txt` samples the operator with py-spy (raw format, GIL-holding samples) during the run.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -41,12 +49,32 @@ def _peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def _percentiles(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return f"p50 {statistics.median(ordered):.2f} s, p99 {p99:.2f} s"
+
+
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _start_profiler(pid: int, out: str) -> subprocess.Popen:
+    py_spy = pathlib.Path(sys.executable).with_name("py-spy")
+    return subprocess.Popen([str(py_spy), "record", "-p", str(pid), "-f", "raw", "-o", out, "--gil", "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--tenants", type=int, default=10)
     parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--profile", metavar="OUT", help="py-spy raw profile of the operator during the run")
     args = parser.parse_args()
+    print(f"start: {_load()}", flush=True)
 
     run_dir = controlplane.runs_root() / f"bench-operator-{int(time.time())}"
     plane = controlplane.ControlPlane(run_dir, controlplane.ClusterConfig(num_gpu_nodes=args.nodes),
@@ -69,6 +97,7 @@ def main() -> int:
             builder.spec["labels"] = {}
         created_at: dict[str, float] = {}
         scheduled_at: dict[str, float] = {}
+        pod_seen_at: dict[str, float] = {}  # the Job controller created the job's (first) pod
         done = threading.Event()
 
         def follow_pods():
@@ -78,6 +107,7 @@ def main() -> int:
                                        timeout_seconds=600):
                 pod = event["object"]
                 job = pod.metadata.labels.get("kembed.io/job")
+                pod_seen_at.setdefault(job, time.monotonic())
                 if pod.spec.node_name and job not in scheduled_at:
                     scheduled_at[job] = time.monotonic()
                 if done.is_set() or len(scheduled_at) >= args.jobs:
@@ -98,6 +128,9 @@ def main() -> int:
         threading.Thread(target=follow_batch_jobs, daemon=True).start()
         time.sleep(1)
         cpu_before = _proc_cpu_s(operator.process.pid)
+        components = dict(plane.pgids) | {"operator": operator.process.pid}
+        components_before = {name: _proc_cpu_s(pid) for name, pid in components.items()}
+        profiler = _start_profiler(operator.process.pid, args.profile) if args.profile else None
 
         def create(i: int) -> None:
             builder = builders[i]
@@ -107,9 +140,14 @@ def main() -> int:
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(create, range(args.jobs)))
+        creation_s = time.monotonic() - started
         follower.join(timeout=600)
         done.set()
         cpu = _proc_cpu_s(operator.process.pid) - cpu_before
+        components_cpu = {name: _proc_cpu_s(pid) - components_before[name] for name, pid in components.items()}
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C, not on SIGTERM
+            profiler.wait(timeout=60)
         rss = _peak_rss_mib(operator.process.pid)
         missing = [j for j in created_at if j not in scheduled_at]
         latencies = sorted(scheduled_at[j] - created_at[j] for j in created_at if j in scheduled_at)
@@ -125,6 +163,15 @@ def main() -> int:
         op_p99 = operator_latencies[min(len(operator_latencies) - 1, int(0.99 * len(operator_latencies)))]
         print(f"\noperator alone (CR created -> its batch Job created): {len(operator_latencies) / operator_elapsed:.1f} "
               f"jobs/s, p50 {statistics.median(operator_latencies):.2f} s, p99 {op_p99:.2f} s")
+        print(f"the {args.jobs} CRs were created in {creation_s:.1f} s ({args.jobs / creation_s:.1f}/s): "
+              "no figure above can beat that rate")
+        print("after the operator: batch Job created -> pod created (Job controller): "
+              + _percentiles([pod_seen_at[j] - job_created_at[j] for j in job_created_at if j in pod_seen_at])
+              + "; pod created -> bound (scheduler): "
+              + _percentiles([scheduled_at[j] - pod_seen_at[j] for j in pod_seen_at if j in scheduled_at]))
+        print(f"CPU seconds over {elapsed:.1f} s: "
+              + ", ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(components_cpu.items())))
+        print(f"end: {_load()}")
         if missing:
             print(f"{len(missing)} jobs never got their pods scheduled")
         forbidden = operator.forbidden_lines()

@@ -20,13 +20,15 @@ def tenant_s3_prefixes(name: str, spec: kopf.Spec, **_: Any) -> dict[str, str | 
     return {name: (spec.get("s3") or {}).get("prefix")}
 
 
+# Async on purpose: a sync handler runs in Kopf's thread pool (a thread hop per watch event, thousands a minute at
+# scale), and `Observed` wakes the runners through asyncio.Events, which must be set from the event loop's thread.
 @kopf.on.event("batch", "v1", "jobs", labels={JOB_LABEL: kopf.PRESENT})
-def batch_job_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def batch_job_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     memo.observed.record_job(type, dict(body))
 
 
 @kopf.on.event("", "v1", "pods", labels={JOB_LABEL: kopf.PRESENT})
-def pod_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def pod_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     memo.observed.record_pod(type, dict(body))
 
 

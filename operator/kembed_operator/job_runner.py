@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import kopf
@@ -46,8 +47,11 @@ class JobRunner:
         self.tenant = (body.meta.get("labels") or {}).get("kembed.io/tenant") or self.namespace.removeprefix(
             resources.NAMESPACE_PREFIX)
         self.status: dict[str, Any] = dict(body.get("status") or {})
-        self._last_log_read = 0.0
+        # The first progress read comes one interval after the runner starts, not on the first pass that sees the
+        # gang running: a trainer that has just started has logged nothing worth a round trip to its node.
+        self._last_log_read = time.monotonic()
         self._gone = False
+        self._spec: tuple[int, resources.EmbeddingJobSpec] | None = None  # (generation, validated spec)
 
     # ---- the loop --------------------------------------------------------------------------------------------
     async def run(self, stopped: kopf.DaemonStopped) -> None:
@@ -74,7 +78,7 @@ class JobRunner:
         now = self.clock()
         generation = int(self.body.meta.get("generation") or 0)
         try:
-            spec = resources.EmbeddingJobSpec.model_validate(dict(self.body.spec))
+            spec = self._validated_spec(generation)
         except pydantic.ValidationError as error:
             first = error.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
@@ -99,6 +103,12 @@ class JobRunner:
         return min(self.settings.resync_interval_s, ttl_left + 0.5) if ttl_left is not None else (
             self.settings.resync_interval_s)
 
+    def _validated_spec(self, generation: int) -> resources.EmbeddingJobSpec:
+        """The spec, validated once per generation: every pod event wakes the runner, the spec rarely changes."""
+        if self._spec is None or self._spec[0] != generation:
+            self._spec = (generation, resources.EmbeddingJobSpec.model_validate(dict(self.body.spec)))
+        return self._spec[1]
+
     # ---- acting ----------------------------------------------------------------------------------------------
     async def _prime(self) -> None:
         selector = f"{JOB_LABEL}={self.name}"
@@ -117,17 +127,39 @@ class JobRunner:
         prefix = self.s3_prefix_of(self.tenant)
         checkpoint_uri = f"{prefix.rstrip('/')}/{self.name}" if prefix else None
         args = (self.name, self.namespace, self.uid, self.tenant)
-        await asyncio.gather(
-            self.kube.run(self.kube.apply, job_manifests.config_map(*args, spec, default_checkpoint_uri=checkpoint_uri)),
-            self.kube.run(self.kube.apply, job_manifests.service(*args, self.settings)),
-            self._own_report_token(spec),
-        )
+        side_children = [
+            job_manifests.config_map(*args, spec, default_checkpoint_uri=checkpoint_uri),
+            job_manifests.service(*args, self.settings),
+        ]
         manifest = job_manifests.batch_job(*args, spec, attempt=attempt, settings=self.settings)
-        created = await self.kube.run(self.kube.create, manifest)
+        # All at once: the batch Job's pods need the ConfigMap only when their containers start (the kubelet waits
+        # for it) and the Service only at rendezvous. But once the batch Job exists no later pass creates the gang
+        # again, so the side children are retried here until they exist.
+        outcomes = await asyncio.gather(self.kube.run(self.kube.create, manifest),
+                                        self._ensure_side_children(side_children, spec), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        created = outcomes[0]
         if created is None:  # it exists already (we made it before a restart): let the view know
             existing = await self.kube.run(self.kube.batch.read_namespaced_job, self.name, self.namespace)
             created = self.kube.api.sanitize_for_serialization(existing)
         self.observed.record_job(None, created)
+
+    async def _ensure_side_children(self, manifests: list[dict[str, Any]], spec: resources.EmbeddingJobSpec) -> None:
+        steps: list[Callable[[], Awaitable[Any]]] = [
+            functools.partial(self.kube.run, self.kube.create_or_apply, m) for m in manifests]
+        steps.append(functools.partial(self._own_report_token, spec))
+        for delay_s in (1, 2, 4, 8, None):
+            outcomes = await asyncio.gather(*(step() for step in steps), return_exceptions=True)
+            failed = [(step, o) for step, o in zip(steps, outcomes, strict=True) if isinstance(o, BaseException)]
+            if not failed:
+                return
+            if delay_s is None:
+                raise failed[0][1]
+            self.logger.warning("children of %s not all created (%s); again in %ss", self.name, failed[0][1], delay_s)
+            steps = [step for step, _ in failed]
+            await asyncio.sleep(delay_s)
 
     async def _own_report_token(self, spec: resources.EmbeddingJobSpec) -> None:
         """The API's per-job token Secret goes when the job goes: the EmbeddingJob becomes its owner."""

@@ -136,7 +136,10 @@ def decide(*, spec: EmbeddingJobSpec, status: dict[str, Any], generation: int, b
         if phase is None:
             ctx.move(plan, JobState.ADMITTED, "Created", f"gang of {spec.resources.nodes} pods created")
         plan.status["attemptStartTime"] = ctx.now_text
-        ctx.set_condition(plan, "PodsReady", False, "Starting", f"attempt {attempt}: pods are being created")
+        # The very condition the passes that follow compute while the pods start: the pass woken by the new
+        # batch Job then writes nothing (one status write fewer per job).
+        ctx.set_condition(plan, "PodsReady", False, "Waiting",
+                          f"0/{spec.resources.nodes} pods of attempt {attempt} running")
         return plan
     if batch_job.attempt < attempt:
         if not batch_job.deleting:

@@ -87,6 +87,15 @@ class Kube:
                 return None
             raise
 
+    def create_or_apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Creates the object, or applies `manifest` to the one that exists already (a retry, a take-over).
+
+        A plain create costs the API server much less than a server-side apply (no managed-fields merge), and
+        almost every child is new; the apply keeps the second time as idempotent as before.
+        """
+        created = self.create(manifest)
+        return created if created is not None else self.apply(manifest)
+
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None, *,
                propagation: str = "Background", uid: str | None = None) -> bool:
         """Deletes an object; False if it was already gone. With `uid`, only that very object (not a namesake)."""

@@ -9,6 +9,8 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
+from kembed_api import resources
+from kembed_operator import diffbase
 from kembed_operator.kube import Kube, is_conflict
 from kembed_operator.observed import Observed
 from kembed_operator.settings import OperatorSettings
@@ -26,8 +28,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
     # Kopf keeps its bookkeeping in annotations under our prefix: our status schemas prune unknown fields.
     settings.persistence.finalizer = f"{_PREFIX}/operator"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=_PREFIX, key="last-handled-configuration")
+    # Only Tenants have change handlers (tenant.py): other kinds get no diff base (see diffbase.py).
+    settings.persistence.diffbase_storage = diffbase.ChangeHandledKindsDiffBase(
+        kinds=[resources.TENANT_KIND], prefix=_PREFIX, key="last-handled-configuration")
     settings.posting.level = logging.INFO
     settings.execution.max_workers = ours.api_workers
     settings.peering.name = ours.peering_name

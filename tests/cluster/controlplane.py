@@ -442,15 +442,28 @@ class ControlPlane:
                 # scale test long before the operator is; a real cluster's control plane is tuned likewise.
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
+                # Five Job syncs at a time (the default) bound pod creation to 5 per API round trip; clusters
+                # that run thousands of batch Jobs raise it likewise.
+                "--concurrent-job-syncs=50",
             ],
         )
 
     def _start_scheduler(self) -> None:
+        # The client limit lives in a KubeSchedulerConfiguration (the --kube-api-qps flags are deprecated and
+        # ignored with --config). The default, 50 requests/s, is a binding and an Event per pod: ~25 pods/s.
+        kubeconfig = self.run_dir / "scheduler.kubeconfig"
+        config = self.run_dir / "scheduler-config.yaml"
+        config.write_text(json.dumps({
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig), "qps": 200, "burst": 400},
+            "leaderElection": {"leaderElect": False},
+        }))
         self._spawn(
             "kube-scheduler",
             [
                 self.binaries.kube_scheduler,
-                *self._component_auth_flags("scheduler"),
+                f"--config={config}",
+                *(flag for flag in self._component_auth_flags("scheduler") if not flag.startswith("--kubeconfig=")),
                 f"--secure-port={self.ports['scheduler']}",
                 "--profiling=false",
             ],

@@ -261,3 +261,17 @@ def events_of(cluster: Cluster, namespace: str, name: str) -> list[client.CoreV1
     return cluster.core().list_namespaced_event(
         namespace, field_selector=f"involvedObject.kind=EmbeddingJob,involvedObject.name={name}").items
 
+
+def wait_events(cluster: Cluster, namespace: str, name: str, *reasons: str,
+                timeout_s: float = 20) -> list[client.CoreV1Event]:
+    """The job's Events once all `reasons` are among them. Events are posted after the status write they
+    describe (Kopf's poster queue), so a test that has just seen a phase may not see its Event yet."""
+    def posted():
+        events = events_of(cluster, namespace, name)
+        return events if set(reasons) <= {e.reason for e in events} else None
+
+    try:
+        return wait_for(posted, timeout_s=timeout_s, interval_s=0.3, what=f"events {reasons} of {name}")
+    except TimeoutError as error:
+        seen = [e.reason for e in events_of(cluster, namespace, name)]
+        raise TimeoutError(f"{error}; events seen: {seen}") from None

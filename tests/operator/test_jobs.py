@@ -36,8 +36,7 @@ def test_a_gang_runs_as_an_indexed_job_on_gpu_nodes_and_succeeds(platform: Clust
     assert done["restartCount"] == 0 and done["completionTime"]
     finished = {c["type"]: c for c in done["conditions"]}["Finished"]
     assert finished["status"] == "True" and finished["reason"] == "Completed" and finished["observedGeneration"] == 1
-    reasons = [e.reason for e in harness.events_of(platform, tenant, job)]
-    assert {"Created", "GangRunning", "Completed"} <= set(reasons)
+    harness.wait_events(platform, tenant, job, "Created", "GangRunning", "Completed")
     service = platform.core().read_namespaced_service(job, tenant)
     assert service.spec.cluster_ip == "None" and service.spec.publish_not_ready_addresses
     config = platform.core().read_namespaced_config_map(job, tenant)
@@ -80,8 +79,7 @@ def test_retryable_failures_stop_after_max_restarts(platform: Cluster, tenant: s
         platform, tenant.removeprefix("kembed-"))
     failed = wait_phase(platform, tenant, job, "FAILED", timeout_s=60)
     assert failed["reason"] == "RestartLimitReached" and failed["restartCount"] == 1
-    events = [e.reason for e in harness.events_of(platform, tenant, job)]
-    assert "TrainerExitedRetryably" in events and "RestartLimitReached" in events
+    harness.wait_events(platform, tenant, job, "TrainerExitedRetryably", "RestartLimitReached")
 
 
 def test_suspend_stops_the_pods_and_resume_starts_the_same_attempt_again(platform: Cluster, tenant: str):
@@ -113,7 +111,7 @@ def test_an_unschedulable_gang_fails_with_the_schedulers_reason(platform: Cluste
     job = JobBuilder("huge").gpus(16).create(platform, tenant.removeprefix("kembed-"))
     failed = wait_phase(platform, tenant, job, "FAILED", timeout_s=40)
     assert failed["reason"] == "Unschedulable" and "nvidia.com/gpu" in failed["message"]
-    assert "Unschedulable" in [e.reason for e in harness.events_of(platform, tenant, job)]
+    harness.wait_events(platform, tenant, job, "Unschedulable")
 
 
 def test_an_invalid_spec_fails_with_the_field_at_fault(platform: Cluster, tenant: str):
