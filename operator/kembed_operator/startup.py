@@ -26,7 +26,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
     memo.observed = Observed()
 
     # Kopf keeps its bookkeeping in annotations under our prefix: our status schemas prune unknown fields.
-    settings.persistence.finalizer = f"{_PREFIX}/operator"
+    settings.persistence.finalizer = resources.OPERATOR_FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=_PREFIX)
     # Only Tenants have change handlers (tenant.py): other kinds get no diff base (see diffbase.py).
     settings.persistence.diffbase_storage = diffbase.ChangeHandledKindsDiffBase(
