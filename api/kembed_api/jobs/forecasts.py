@@ -43,4 +43,7 @@ class Forecasts:
             cached = self._cache.get(tenant.id)
         if not (cached and self.clock() - cached[0] < self.ttl_s and job.seq in cached[1]):
             cached = (0.0, self.fresh(session, tenant=tenant))
-        return service.queue_position(session, job=job), cached[1][job.seq][1]
+        # Missing even from a fresh forecast: the job left the queue since it was read (PostgreSQL reads each
+        # statement at its own moment), so no start is estimated.
+        _, start = cached[1].get(job.seq, (None, None))
+        return service.queue_position(session, job=job), start

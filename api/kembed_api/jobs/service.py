@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from kembed_api.admission import Demand, Quota, RunningJob, estimate_start_times, never_fits
@@ -228,11 +228,21 @@ def describe(demand: Demand) -> str:
     return ", ".join(parts)
 
 
+# Statements of the paths every read and submission takes, built once with bound parameters: building a select()
+# and its cache key on each call costs about as much CPU as SQLite takes to run it.
+_JOB_OF_TENANT = select(Job).where(Job.id == bindparam("job_id"), Job.tenant_id == bindparam("tenant_id"))
+_JOB_OF_TENANT_FOR_UPDATE = _JOB_OF_TENANT.with_for_update()
+_EVENTS_OF_JOB = select(JobEvent).where(JobEvent.job_seq == bindparam("job_seq")).order_by(JobEvent.id)
+# Queued jobs of the tenant admitted before a given one: higher priority, or the same priority and older.
+_QUEUED_AHEAD = select(func.count()).where(
+    Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED,
+    (Job.priority > bindparam("priority")) | ((Job.priority == bindparam("priority")) & (Job.seq < bindparam("seq"))),
+)
+
+
 def get_job(session: Session, *, tenant: Tenant, job_id: str, for_update: bool = False) -> Job:
-    query = select(Job).where(Job.id == job_id, Job.tenant_id == tenant.id)
-    if for_update:
-        query = query.with_for_update()
-    job = session.scalar(query)
+    job = session.scalar(_JOB_OF_TENANT_FOR_UPDATE if for_update else _JOB_OF_TENANT,
+                         {"job_id": job_id, "tenant_id": tenant.id})
     if job is None:
         raise JobNotFound(job_id)
     return job
@@ -333,7 +343,7 @@ def queue_forecast(
 
 
 def list_events(session: Session, *, job: Job) -> list[JobEventRead]:
-    events = session.scalars(select(JobEvent).where(JobEvent.job_seq == job.seq).order_by(JobEvent.id))
+    events = session.scalars(_EVENTS_OF_JOB, {"job_seq": job.seq})
     return [JobEventRead(time=e.time, state=JobState(e.state), reason=e.reason, message=e.message) for e in events]
 
 
@@ -379,10 +389,7 @@ def to_read(
 
 def queue_position(session: Session, *, job: Job) -> int:
     """1 + the tenant's queued jobs admitted before this one (higher priority, or same priority and older)."""
-    ahead = session.scalar(select(func.count()).where(
-        Job.tenant_id == job.tenant_id, Job.state == JobState.QUEUED,
-        (Job.priority > job.priority) | ((Job.priority == job.priority) & (Job.seq < job.seq)),
-    ))
+    ahead = session.scalar(_QUEUED_AHEAD, {"tenant_id": job.tenant_id, "priority": job.priority, "seq": job.seq})
     return (ahead or 0) + 1
 
 
