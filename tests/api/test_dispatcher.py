@@ -126,3 +126,24 @@ def test_after_a_server_restart_running_jobs_resume_and_queued_jobs_stay_queued(
     # a server restart is not a failure of the job: it does not use up a restart
     with db.session() as session:
         assert session.query(Job).filter_by(id=running).one().restart_count == 0
+
+
+def test_a_job_admitted_while_it_is_being_read_gets_no_estimated_start(postgres_server, backend):
+    """PostgreSQL reads each statement at its own moment: a job read as QUEUED may be gone from the queue by the
+    time its forecast is computed (this was a 500)."""
+    from kembed_api.db import Database, upgrade_to_head
+    from kembed_api.jobs.forecasts import Forecasts
+
+    url = postgres_server.new_database()
+    upgrade_to_head(url)
+    db = Database(url)
+    dispatcher = Dispatcher(db=db, backend=backend, public_url="http://127.0.0.1:1")
+    job_id = submit(db, make_spec("moving"))
+    with db.session() as session:
+        tenant = ensure_tenant(session, name="default")
+        read_as_queued = service.get_job(session, tenant=tenant, job_id=job_id)
+        dispatcher.run_once()  # meanwhile another transaction admits it
+        position, start = Forecasts(capacity=backend.capacity).of_job(session, tenant=tenant, job=read_as_queued)
+    assert start is None and position >= 1
+    assert state_of(db, job_id)[0] is JobState.RUNNING
+    db.dispose()
