@@ -93,6 +93,19 @@ class QueueFull(RuntimeError):
     """The tenant already has as many queued jobs as its quota allows (429)."""
 
 
+# Statements of the paths every read and submission takes, built once with bound parameters: building a select()
+# and its cache key on each call costs about as much CPU as SQLite takes to run it.
+_TENANT_BY_ID = select(Tenant).where(Tenant.id == bindparam("tenant_id"))
+_JOB_OF_TENANT = select(Job).where(Job.id == bindparam("job_id"), Job.tenant_id == bindparam("tenant_id"))
+_JOB_OF_TENANT_FOR_UPDATE = _JOB_OF_TENANT.with_for_update()
+_EVENTS_OF_JOB = select(JobEvent).where(JobEvent.job_seq == bindparam("job_seq")).order_by(JobEvent.id)
+# Queued jobs of the tenant admitted before a given one: higher priority, or the same priority and older.
+_QUEUED_AHEAD = select(func.count()).where(
+    Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED,
+    (Job.priority > bindparam("priority")) | ((Job.priority == bindparam("priority")) & (Job.seq < bindparam("seq"))),
+)
+
+
 def _new_job_id(name: str) -> str:
     alphabet = string.ascii_lowercase + string.digits
     return f"{name}-{''.join(secrets.choice(alphabet) for _ in range(5))}"
@@ -148,7 +161,7 @@ def submit(
             return existing, False
     # The tenant's quota, read again inside this transaction: the caller's copy may be a few seconds old (see
     # kembed_api.deps.Principal).
-    tenant = session.get_one(Tenant, tenant.id, populate_existing=True)
+    tenant = session.scalars(_TENANT_BY_ID, {"tenant_id": tenant.id}).one()
     _check_can_run(spec, tenant=tenant)
     if tenant.quota_max_queued_jobs is not None:
         # Concurrent submissions of one tenant count its queue one at a time (PostgreSQL row lock; SQLite's write
@@ -226,18 +239,6 @@ def describe(demand: Demand) -> str:
     if demand.gpus:
         parts.insert(0, f"{demand.gpus} GPUs")
     return ", ".join(parts)
-
-
-# Statements of the paths every read and submission takes, built once with bound parameters: building a select()
-# and its cache key on each call costs about as much CPU as SQLite takes to run it.
-_JOB_OF_TENANT = select(Job).where(Job.id == bindparam("job_id"), Job.tenant_id == bindparam("tenant_id"))
-_JOB_OF_TENANT_FOR_UPDATE = _JOB_OF_TENANT.with_for_update()
-_EVENTS_OF_JOB = select(JobEvent).where(JobEvent.job_seq == bindparam("job_seq")).order_by(JobEvent.id)
-# Queued jobs of the tenant admitted before a given one: higher priority, or the same priority and older.
-_QUEUED_AHEAD = select(func.count()).where(
-    Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED,
-    (Job.priority > bindparam("priority")) | ((Job.priority == bindparam("priority")) & (Job.seq < bindparam("seq"))),
-)
 
 
 def get_job(session: Session, *, tenant: Tenant, job_id: str, for_update: bool = False) -> Job:
