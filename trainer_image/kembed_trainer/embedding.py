@@ -14,16 +14,16 @@ only its own rows.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
-from kembed_trainer import config, sharding, sparse_optim
+from kembed_trainer import config, hugepages, pooling, sharding, sparse_optim
 from kembed_trainer.data.batch import Batch
 
 __all__ = ["EmbeddingCollection"]
@@ -33,7 +33,9 @@ class _Group:
     """The tables of one width: replicated ones stacked in `weight`, this rank's rows of sharded ones in `shard`.
 
     Rows are addressed by a virtual index over all tables of the group stacked whole (`table_starts`), which is
-    what ids map to, what admission counts, and the same at any world size.
+    what ids map to, what admission counts, and the same at any world size. Replicated tables come first in
+    it, in the order of `weight`, then the sharded ones: a lookup's sorted rows then split in two runs, the
+    first of them rows of `weight` as they are, so neither the vectors nor their gradients need shuffling.
     """
 
     def __init__(
@@ -52,8 +54,16 @@ class _Group:
         self.dim = tables[0].embedding_dim
         self.features = [f for t in tables for f in t.features]
         sizes = [t.num_embeddings for t in tables]
-        starts = [0, *torch.tensor(sizes).cumsum(0).tolist()]
-        self.table_starts = torch.tensor(starts[:-1], device=device)
+        stacking = sorted(range(len(tables)), key=lambda i: sharded[i])  # replicated first, stable
+        starts = [0] * len(tables)
+        for prev, i in itertools.pairwise(stacking):
+            starts[i] = starts[prev] + sizes[prev]
+        self.num_rows = sum(sizes)
+        self.num_replicated_rows = sum(n for n, sh in zip(sizes, sharded, strict=True) if not sh)
+        self.table_starts = torch.tensor(starts, device=device)
+        # For `table_of`: the starts in ascending order, and whose they are.
+        self._sorted_starts = torch.tensor([starts[i] for i in stacking], device=device)
+        self._table_at = torch.tensor(stacking, device=device)
         per_feature = [(i, t) for i, t in enumerate(tables) for _ in t.features]
         self.feature_starts = torch.tensor([starts[i] for i, _ in per_feature], device=device)
         self.feature_sizes = torch.tensor([t.num_embeddings for _, t in per_feature], device=device)
@@ -65,7 +75,7 @@ class _Group:
             [t.num_embeddings - 1 for t in tables], device=device
         )
         self.seen = (
-            torch.zeros(starts[-1], dtype=torch.int64, device=device)
+            hugepages.zeros(self.num_rows, dtype=torch.int64, device=device)
             if any(t.admit_after for t in tables)
             else None
         )
@@ -77,7 +87,7 @@ class _Group:
         self.repl_starts = torch.tensor(repl_sizes, device=device).cumsum(0) - torch.tensor(
             repl_sizes, device=device
         )
-        self.weight = torch.empty(sum(repl_sizes), self.dim, device=device)
+        self.weight = hugepages.empty(sum(repl_sizes), self.dim, device=device)
         for i, t in enumerate(tables):
             if not sharded[i]:
                 # DLRM's init: small enough that the dot interaction starts near zero for big tables.
@@ -87,7 +97,7 @@ class _Group:
         self.layout = sharding.RowLayout(
             [n if sh else 0 for n, sh in zip(sizes, sharded, strict=True)], world_size, rank, device
         )
-        self.shard = torch.empty(self.layout.num_local_rows, self.dim, device=device)
+        self.shard = hugepages.empty(self.layout.num_local_rows, self.dim, device=device)
         for i, t in enumerate(tables):
             if sharded[i]:
                 piece = self.layout.local_slice(i)
@@ -97,7 +107,7 @@ class _Group:
         self.shard_state: dict[str, torch.Tensor] = {}
 
     def table_of(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch.searchsorted(self.table_starts, rows, right=True) - 1
+        return self._table_at[torch.searchsorted(self._sorted_starts, rows, right=True) - 1]
 
     def rows_of(self, ids: list[torch.Tensor]) -> torch.Tensor:
         """Group rows of each feature's raw ids: hashed or range-checked, then offset to the table's rows."""
@@ -122,22 +132,19 @@ class _Group:
         return torch.where(self.seen[rows] >= self.admit_after[table], rows, self.fallback_row[table])
 
     def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, _Touched]:
-        """The vectors of unique virtual `rows`: replicated ones read here, sharded ones fetched from owners."""
+        """The vectors of sorted unique virtual `rows`: replicated ones read here, sharded ones fetched from
+        their owners; the replicated ones first (they are the smaller rows) and numbered as in `weight`."""
         if not self.any_sharded:
-            return self.weight[rows], _Touched(rows, None, None, None)
-        table = self.table_of(rows)
-        within = rows - self.table_starts[table]
-        is_sharded = self.sharded[table]
-        repl_pos, shard_pos = (~is_sharded).nonzero()[:, 0], is_sharded.nonzero()[:, 0]
-        repl_rows = within[repl_pos] + self.repl_starts[table[repl_pos]]
-        owner, local = self.layout.locate(table[shard_pos], within[shard_pos])
+            return self.weight.index_select(0, rows), _Touched(rows, rows.numel(), None)
+        num_repl = int(torch.searchsorted(rows, rows.new_tensor([self.num_replicated_rows])))
+        repl_rows, shard_rows = rows[:num_repl], rows[num_repl:]
+        table = self.table_of(shard_rows)
+        owner, local = self.layout.locate(table, shard_rows - self.table_starts[table])
         exchange = sharding.Exchange.plan(owner, local, self.layout.world_size)
-        if repl_pos.numel() == 0 and self.weight.shape[0] == 0:  # only sharded tables: no merging to do
-            return exchange.fetch(self.shard), _Touched(repl_rows, repl_pos, shard_pos, exchange)
         vectors = torch.empty(rows.numel(), self.dim, device=rows.device)
-        vectors[repl_pos] = self.weight[repl_rows]
-        vectors[shard_pos] = exchange.fetch(self.shard)
-        return vectors, _Touched(repl_rows, repl_pos, shard_pos, exchange)
+        torch.index_select(self.weight, 0, repl_rows, out=vectors[:num_repl])
+        exchange.fetch(self.shard, out=vectors[num_repl:])
+        return vectors, _Touched(repl_rows, num_repl, exchange)
 
     def repl_lr(self, rows: torch.Tensor) -> torch.Tensor:
         """Each `weight` row's table lr scale."""
@@ -158,10 +165,9 @@ class _Group:
 class _Touched(NamedTuple):
     """Where a lookup's unique rows came from, so their gradients go back there."""
 
-    repl_rows: torch.Tensor  # rows of `weight`
-    repl_pos: torch.Tensor | None  # their positions among the lookup's rows (None: all rows are replicated)
-    shard_pos: torch.Tensor | None
-    exchange: sharding.Exchange | None
+    repl_rows: torch.Tensor  # rows of `weight`: the lookup's first rows
+    num_repl: int  # how many; the rest are rows of sharded tables
+    exchange: sharding.Exchange | None  # where those came from (None: no sharded tables)
 
 
 class EmbeddingCollection:
@@ -231,16 +237,14 @@ class EmbeddingCollection:
         for g in self.groups:
             nf = len(g.features)
             raw_rows = g.rows_of(values[first : first + nf])
-            uniq, inverse = torch.unique(g.admit(raw_rows), return_inverse=True)
-            vectors, where = g.gather(uniq)
+            bags = pooling.plan_bags(g.admit(raw_rows), lengths[first : first + nf].reshape(-1), g.num_rows)
+            vectors, where = g.gather(bags.unique_rows)
             # A leaf holding only the touched rows: its .grad is the row-sparse gradient.
             touched = vectors.requires_grad_(True)
-            flat_lengths = lengths[first : first + nf].reshape(-1)
-            offsets = torch.cumsum(flat_lengths, 0) - flat_lengths
-            pooled = F.embedding_bag(inverse, touched, offsets, mode="sum")
+            pooled = pooling.pool(touched, bags)
             out.append(pooled.view(nf, b, g.dim).transpose(0, 1))
             self._pending.append((g, where, touched, raw_rows if g.seen is not None else None))
-            self.last_unique_rows += uniq.numel()
+            self.last_unique_rows += bags.unique_rows.numel()
             first += nf
         return out
 
@@ -264,14 +268,14 @@ class EmbeddingCollection:
             grad = touched.grad
             if grad is None:  # the loss did not depend on this group (the same on every rank)
                 continue
-            repl_grad = grad if where.repl_pos is None else grad[where.repl_pos]
             if g.weight.shape[0]:
+                repl_grad = grad[: where.num_repl]
                 self._update(g.weight, g.state, where.repl_rows, repl_grad, g.repl_lr, step, average=True)
             if where.exchange is not None:
-                rows, summed = where.exchange.return_grads(grad[where.shard_pos])
-                self._update(
-                    g.shard, g.shard_state, rows, summed / self.world_size, g.shard_lr, step, average=False
-                )
+                rows, summed = where.exchange.return_grads(grad[where.num_repl :])
+                if self.world_size > 1:
+                    summed = summed / self.world_size
+                self._update(g.shard, g.shard_state, rows, summed, g.shard_lr, step, average=False)
         self._pending = []
 
     def _update(self, weight, state, rows, grad, lr_of, step: int, *, average: bool) -> None:

@@ -70,23 +70,23 @@ class Exchange:
         dist.all_to_all_single(requested, local_row[order], recv_counts, send_counts)
         return cls(order, send_counts, recv_counts, requested)
 
-    def fetch(self, local_matrix: torch.Tensor) -> torch.Tensor:
-        """The wanted rows, in the order they were asked for, from their owners' `local_matrix`."""
-        answer = local_matrix[self.requested]
+    def fetch(self, local_matrix: torch.Tensor, out: torch.Tensor) -> None:
+        """Write the wanted rows into `out`, in the order they were asked for, from their owners'
+        `local_matrix`."""
         if self.order is None:
-            return answer
+            torch.index_select(local_matrix, 0, self.requested, out=out)
+            return
+        answer = local_matrix.index_select(0, self.requested)
         got = answer.new_empty(sum(self.send_counts), local_matrix.shape[1])
         dist.all_to_all_single(got, answer, self.send_counts, self.recv_counts)
-        out = torch.empty_like(got)
-        out[self.order] = got
-        return out
+        out.index_copy_(0, self.order, got)
 
     def return_grads(self, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Send each wanted row's gradient to its owner: (unique local rows, their summed gradients)."""
         if self.order is None:
             return self.requested, grad
         got = grad.new_empty(sum(self.recv_counts), grad.shape[1])
-        dist.all_to_all_single(got, grad[self.order], self.recv_counts, self.send_counts)
+        dist.all_to_all_single(got, grad.index_select(0, self.order), self.recv_counts, self.send_counts)
         rows, inverse = torch.unique(self.requested, return_inverse=True)
         summed = torch.zeros(rows.numel(), grad.shape[1], dtype=grad.dtype, device=grad.device)
         summed.index_add_(0, inverse, got)

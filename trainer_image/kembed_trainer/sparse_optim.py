@@ -3,13 +3,17 @@
 Each optimizer updates `weight[rows]` in place from `grad` (one row of gradient per entry of `rows`, rows
 unique), with a per-row learning rate so tables can scale theirs. The state is plain tensors with one entry
 per table row, so it is checkpointed, and sharded, exactly like the weights.
+
+State rows are read with `index_select` and written back with `index_copy_` (rows are unique, so a plain
+copy is right), and weights move by `index_add_`: on CPU these copy or add whole rows, where `t[rows]` and
+`t[rows] = x` go element by element and took several times longer on the benchmark's 50k-row updates.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kembed_trainer import config
+from kembed_trainer import config, hugepages
 
 __all__ = ["SparseOptimizer", "build_sparse_optimizer"]
 
@@ -37,29 +41,29 @@ class SparseOptimizer:
 
 class SGD(SparseOptimizer):
     def update(self, weight, state, rows, grad, lr, step):
-        weight.index_add_(0, rows, grad * -lr[:, None])
+        _add_rows(weight, rows, grad * -lr[:, None])
 
 
 class Adagrad(SparseOptimizer):
     def init_state(self, num_rows, dim, device):
-        return {"sum_sq": torch.zeros(num_rows, dim, device=device)}
+        return {"sum_sq": hugepages.zeros(num_rows, dim, device=device)}
 
     def update(self, weight, state, rows, grad, lr, step):
-        sum_sq = state["sum_sq"][rows] + grad * grad
-        state["sum_sq"][rows] = sum_sq
-        weight[rows] -= lr[:, None] * grad / (sum_sq.sqrt() + self.cfg.eps)
+        sum_sq = state["sum_sq"].index_select(0, rows).add_(grad * grad)
+        state["sum_sq"].index_copy_(0, rows, sum_sq)
+        _add_rows(weight, rows, -lr[:, None] * grad / (sum_sq.sqrt() + self.cfg.eps))
 
 
 class RowwiseAdagrad(SparseOptimizer):
     """Adagrad with one accumulator per row (mean of squared gradients): 1/dim of Adagrad's memory."""
 
     def init_state(self, num_rows, dim, device):
-        return {"sum_sq": torch.zeros(num_rows, device=device)}
+        return {"sum_sq": hugepages.zeros(num_rows, device=device)}
 
     def update(self, weight, state, rows, grad, lr, step):
-        sum_sq = state["sum_sq"][rows] + grad.pow(2).mean(1)
-        state["sum_sq"][rows] = sum_sq
-        weight[rows] -= grad * (lr / (sum_sq.sqrt() + self.cfg.eps))[:, None]
+        sum_sq = state["sum_sq"].index_select(0, rows).add_(grad.pow(2).mean(1))
+        state["sum_sq"].index_copy_(0, rows, sum_sq)
+        _add_rows(weight, rows, grad * (-lr / (sum_sq.sqrt() + self.cfg.eps))[:, None])
 
 
 class LazyAdam(SparseOptimizer):
@@ -67,19 +71,28 @@ class LazyAdam(SparseOptimizer):
 
     def init_state(self, num_rows, dim, device):
         return {
-            "exp_avg": torch.zeros(num_rows, dim, device=device),
-            "exp_avg_sq": torch.zeros(num_rows, dim, device=device),
+            "exp_avg": hugepages.zeros(num_rows, dim, device=device),
+            "exp_avg_sq": hugepages.zeros(num_rows, dim, device=device),
         }
 
     def update(self, weight, state, rows, grad, lr, step):
         b1, b2 = self.cfg.beta1, self.cfg.beta2
         t = step + 1
-        m = state["exp_avg"][rows].mul_(b1).add_(grad, alpha=1 - b1)
-        v = state["exp_avg_sq"][rows].mul_(b2).addcmul_(grad, grad, value=1 - b2)
-        state["exp_avg"][rows] = m
-        state["exp_avg_sq"][rows] = v
+        m = state["exp_avg"].index_select(0, rows).mul_(b1).add_(grad, alpha=1 - b1)
+        v = state["exp_avg_sq"].index_select(0, rows).mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        state["exp_avg"].index_copy_(0, rows, m)
+        state["exp_avg_sq"].index_copy_(0, rows, v)
         step_size = lr * ((1 - b2**t) ** 0.5 / (1 - b1**t))
-        weight[rows] -= step_size[:, None] * m / (v.sqrt() + self.cfg.eps)
+        _add_rows(weight, rows, -step_size[:, None] * m / (v.sqrt() + self.cfg.eps))
+
+
+def _add_rows(weight: torch.Tensor, rows: torch.Tensor, change: torch.Tensor) -> None:
+    """`weight[rows] += change` for unique rows, without reading them out first.
+
+    Callers negate the (small, per-row) learning rate rather than pass `alpha=-1`, which took index_add_
+    off its fast path; negation is exact, so this is bit for bit `weight[rows] -= lr * ...`.
+    """
+    weight.index_add_(0, rows, change)
 
 
 _OPTIMIZERS = {"sgd": SGD, "adagrad": Adagrad, "rowwise_adagrad": RowwiseAdagrad, "adam": LazyAdam}

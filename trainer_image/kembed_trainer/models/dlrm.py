@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kembed_trainer import config
@@ -34,8 +35,13 @@ class DLRM(nn.Module):
         top_in = num_pairs + (embedding_dim if num_dense > 0 else 0)
         self.top = mlp([top_in, *cfg.top_mlp, 1], last_relu=False)
         rows, cols = torch.tril_indices(num_vectors, num_vectors, offset=-1)
-        self.register_buffer("pair_rows", rows, persistent=False)
-        self.register_buffer("pair_cols", cols, persistent=False)
+        # Each pair (i > j) as its place in the flattened num_vectors x num_vectors matrix of dots.
+        self.register_buffer("pairs", rows * num_vectors + cols, persistent=False)
+        # The other way round, for the backward: each place (i, j) of that matrix as its pair's index,
+        # (i, j) and (j, i) alike, and the diagonal as one past the last pair (a zero gradient).
+        places = torch.full((num_vectors * num_vectors,), num_pairs)
+        places[self.pairs] = places[cols * num_vectors + rows] = torch.arange(num_pairs)
+        self.register_buffer("pair_of_place", places, persistent=False)
 
     def forward(self, dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
         """Logits [B] from dense features [B, num_dense] and pooled embeddings [B, num_sparse, dim]."""
@@ -46,5 +52,30 @@ class DLRM(nn.Module):
             vectors.insert(0, x.unsqueeze(1))
             first = [x]
         z = torch.cat(vectors, 1)
-        dots = torch.bmm(z, z.transpose(1, 2))[:, self.pair_rows, self.pair_cols]
+        if torch.is_autocast_enabled(z.device.type):  # what autocast does to bmm's inputs, done before
+            z = z.to(torch.get_autocast_dtype(z.device.type))  # the Function so its backward matches
+        dots = _PairwiseDots.apply(z, self.pairs, self.pair_of_place)
         return self.top(torch.cat([*first, dots], 1)).squeeze(1)
+
+
+class _PairwiseDots(torch.autograd.Function):
+    """[B, num_pairs] dots of z's vectors (z: [B, n, d]) at the flat positions `pairs` of each n x n matrix.
+
+    Autograd through `bmm(z, z^T)[:, rows, cols]` scatters into a zeroed n x n gradient element by element,
+    then runs two bmms (one per operand) and adds their results, one of them transposed. The gradient of
+    z_i . z_j is z_j for z_i and z_i for z_j, so with G the scattered gradient it is (G + G^T) z: one bmm,
+    and G + G^T is one gather of the pairs' gradients (`pair_of_place`). On the benchmark's CPU this
+    halved the interaction's time (forward and backward).
+    """
+
+    @staticmethod
+    def forward(ctx, z: torch.Tensor, pairs: torch.Tensor, pair_of_place: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(z, pair_of_place)
+        return torch.bmm(z, z.transpose(1, 2)).flatten(1).index_select(1, pairs)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        z, pair_of_place = ctx.saved_tensors
+        b, n, _ = z.shape
+        g_sym = F.pad(grad, (0, 1)).index_select(1, pair_of_place).view(b, n, n)
+        return torch.bmm(g_sym, z.to(grad.dtype)), None, None
