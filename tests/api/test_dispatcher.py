@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kembed_api.dispatcher import Dispatcher
@@ -147,3 +149,35 @@ def test_a_job_admitted_while_it_is_being_read_gets_no_estimated_start(postgres_
     assert start is None and position >= 1
     assert state_of(db, job_id)[0] is JobState.RUNNING
     db.dispose()
+
+
+def test_one_request_recomputes_an_expired_forecast_while_the_others_answer_from_the_old_one(db, backend):
+    import threading
+
+    from kembed_api.jobs.forecasts import Forecasts
+
+    job_id = submit(db, make_spec("waiting"))
+    now, replays, release = [0.0], [], threading.Event()
+
+    def slow_capacity():  # the replay of a long queue, held until the test lets it finish
+        replays.append(threading.current_thread().name)
+        if len(replays) > 1:
+            release.wait(10)
+        return backend.capacity()
+
+    forecasts = Forecasts(capacity=slow_capacity, ttl_s=1.0, clock=lambda: now[0])
+
+    def read() -> tuple[int, object]:
+        with db.session() as session:
+            tenant = ensure_tenant(session, name="default")
+            return forecasts.of_job(session, tenant=tenant, job=service.get_job(session, tenant=tenant, job_id=job_id))
+
+    first = read()  # computes the forecast
+    now[0] = 5.0  # it has expired
+    refreshing = threading.Thread(target=read, name="refresher")
+    refreshing.start()
+    while len(replays) < 2:
+        time.sleep(0.01)
+    assert read() == first and replays == ["MainThread", "refresher"]  # answered from the old one, no third replay
+    release.set()
+    refreshing.join(10)

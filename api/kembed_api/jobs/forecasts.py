@@ -31,6 +31,7 @@ class Forecasts:
         self.capacity, self.ttl_s, self.clock = capacity, ttl_s, clock
         self._cache: dict[int, tuple[float, Forecast]] = {}
         self._lock = threading.Lock()
+        self._refreshing: set[int] = set()  # tenants whose forecast one request is recomputing right now
 
     def fresh(self, session: Session, *, tenant: Tenant) -> Forecast:
         forecast = service.queue_forecast(session, tenant=tenant, capacity=self.capacity())
@@ -41,9 +42,21 @@ class Forecasts:
     def of_job(self, session: Session, *, tenant: Tenant, job: Job) -> tuple[int, datetime | None]:
         with self._lock:
             cached = self._cache.get(tenant.id)
-        if not (cached and self.clock() - cached[0] < self.ttl_s and job.seq in cached[1]):
-            cached = (0.0, self.fresh(session, tenant=tenant))
+            stale = not (cached and self.clock() - cached[0] < self.ttl_s)
+            # One request recomputes an expired forecast; the others meanwhile answer from the old one. Else every
+            # request arriving during a long queue's replay would replay it too.
+            refresh = (stale and tenant.id not in self._refreshing) or not (cached and job.seq in cached[1])
+            if refresh:
+                self._refreshing.add(tenant.id)
+        if refresh:
+            try:
+                forecast = self.fresh(session, tenant=tenant)
+            finally:
+                with self._lock:
+                    self._refreshing.discard(tenant.id)
+        else:
+            forecast = cached[1]
         # Missing even from a fresh forecast: the job left the queue since it was read (PostgreSQL reads each
         # statement at its own moment), so no start is estimated.
-        _, start = cached[1].get(job.seq, (None, None))
+        _, start = forecast.get(job.seq, (None, None))
         return service.queue_position(session, job=job), start
