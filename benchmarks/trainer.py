@@ -39,18 +39,24 @@ VARIANTS = {
     "torchrec-2rank": (2, "TorchRec DistributedModelParallel, 2 ranks"),
     "kembed-rowwise-adagrad": (1, "kembed rowwise_adagrad"),
     "kembed-adam": (1, "kembed lazy adam"),
-    "kembed-rowwise-adagrad-2rank": (2, "kembed rowwise_adagrad, 2 ranks, 1M-row tables sharded row-wise"),
+    "kembed-rowwise-adagrad-2rank": (2, "kembed rowwise_adagrad, 2 ranks, every table sharded row-wise"),
     "kembed-rowwise-adagrad-2rank-replicated": (2, "kembed rowwise_adagrad, 2 ranks, every table replicated"),
-    "kembed-adam-2rank": (2, "kembed lazy adam, 2 ranks, 1M-row tables sharded row-wise"),
+    "kembed-adam-2rank": (2, "kembed lazy adam, 2 ranks, every table sharded row-wise"),
 }
 BASELINE = "torchrec-rowwise-adagrad"
+BASELINES = {1: BASELINE, 2: "torchrec-2rank"}  # the "x TorchRec, same ranks" column
 
 
 def bench_config(
-    optimizer: str, batch_size: int, steps: int, *, replicated: bool = False
+    optimizer: str, batch_size: int, steps: int, *, replicated: bool = False, shard_all: bool = False
 ) -> config.TrainerConfig:
     big = [1_000_000] * 4
     small = [int(10_000 * 10 ** (i / 21)) for i in range(22)]  # 10k .. 100k, geometric
+    # The default threshold (1M rows) shards the four big tables (what the 1-rank variants run: at one rank
+    # it changes nothing but the code path); replicated keeps every table whole; shard_all (the 2-rank
+    # variants) shards all 26: every table is looked up through the one all-to-all per step anyway, and a
+    # replicated table costs an all-gather of its gradients and the same update on every rank.
+    threshold = 10**9 if replicated else min(big + small) if shard_all else 1_000_000
     tables = [
         {"name": f"t{i}", "num_embeddings": n, "embedding_dim": 64, "features": [f"c{i}"]}
         for i, n in enumerate(big + small)
@@ -58,8 +64,7 @@ def bench_config(
     return config.TrainerConfig.model_validate(
         {
             "model": {"kind": "dlrm", "bottom_mlp": [256, 64], "top_mlp": [256]},
-            # The default threshold (1M rows) shards the four big tables; replicated keeps every table whole.
-            "embeddings": {"tables": tables, "shard_threshold_rows": 10**9 if replicated else 1_000_000},
+            "embeddings": {"tables": tables, "shard_threshold_rows": threshold},
             "data": {
                 "kind": "synthetic",
                 "num_dense": 13,
@@ -246,7 +251,10 @@ def timed(step, args, env) -> float:
 def worker(args) -> None:
     ranks, _ = VARIANTS[args.variant]
     optimizer = "adam" if "adam" in args.variant and args.variant.startswith("kembed") else "rowwise_adagrad"
-    cfg = bench_config(optimizer, args.batch_size, args.steps, replicated=args.variant.endswith("replicated"))
+    replicated = args.variant.endswith("replicated")
+    cfg = bench_config(
+        optimizer, args.batch_size, args.steps, replicated=replicated, shard_all=ranks > 1 and not replicated
+    )
     env = dist.setup("gloo", threads=max(1, len(os.sched_getaffinity(0)) // ranks))
     if args.variant.startswith("kembed"):
         sps, auc = run_kembed(cfg, env, args)
@@ -329,15 +337,19 @@ def main() -> None:
         f"\n{args.steps} steps ({args.warmup} warm-up), batch {args.batch_size}/rank, "
         f"{len(os.sched_getaffinity(0))} cores, torch {torch.__version__}, medians of {args.repeats} run(s)\n"
     )
-    print("| variant | ranks | samples/s | x TorchRec | peak RSS (GB) | eval AUC |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| variant | ranks | samples/s | x TorchRec | x TorchRec, same ranks | peak RSS (GB) | eval AUC |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, r in rows.items():
+        ranks = VARIANTS[name][0]
         if r is None:
-            print(f"| {name} | {VARIANTS[name][0]} | failed | | | |")
+            print(f"| {name} | {ranks} | failed | | | | |")
             continue
-        ratio = f"{r['samples_per_sec'] / base['samples_per_sec']:.2f}" if base else "-"
+        same = rows.get(BASELINES.get(ranks, ""))
+        ratio, same_ratio = (
+            f"{r['samples_per_sec'] / b['samples_per_sec']:.2f}" if b else "-" for b in (base, same)
+        )
         print(
-            f"| {name} | {VARIANTS[name][0]} | {r['samples_per_sec']:,.0f} | {ratio} | "
+            f"| {name} | {ranks} | {r['samples_per_sec']:,.0f} | {ratio} | {same_ratio} | "
             f"{r['peak_rss_gb']:.2f} | {r['auc']:.3f} |"
         )
 

@@ -77,7 +77,8 @@ class EmbeddingsConfig(_Strict):
     shard_threshold_rows: PositiveInt = Field(
         1_000_000,
         description="Tables with `sharding: auto` and at least this many rows are sharded row-wise across "
-        "ranks; smaller ones are replicated (their all-gathered updates are cheaper than an all-to-all).",
+        "ranks; smaller ones are replicated (every rank all-gathers their gradients and updates them). Where a "
+        "width already has a sharded table, sharding its small tables too is usually faster and saves memory.",
     )
 
     def is_sharded(self, table: TableConfig) -> bool:

@@ -34,8 +34,10 @@ class _Group:
 
     Rows are addressed by a virtual index over all tables of the group stacked whole (`table_starts`), which is
     what ids map to, what admission counts, and the same at any world size. Replicated tables come first in
-    it, in the order of `weight`, then the sharded ones: a lookup's sorted rows then split in two runs, the
-    first of them rows of `weight` as they are, so neither the vectors nor their gradients need shuffling.
+    it, in the order of `weight`, then the sharded ones. A lookup renumbers the sharded rows by their storage
+    index (`sharding.RowLayout`: rank 0's rows, then rank 1's, ...), so its sorted rows split into runs: rows
+    of `weight` as they are, then the rows of each owner in turn; neither the vectors nor their gradients need
+    shuffling on their way to and from `weight` or the all-to-all.
     """
 
     def __init__(
@@ -81,6 +83,9 @@ class _Group:
         )
         self.lr_scale = torch.tensor([t.lr_scale for t in tables], device=device)
         self.sharded = torch.tensor(sharded, dtype=torch.bool, device=device)
+        self.is_sharded = list(sharded)
+        self.virtual_starts = starts
+        self.feature_table = [i for i, _ in per_feature]
         self.any_sharded = any(sharded)
         # Replicated tables, stacked in table order.
         repl_sizes = [0 if sh else n for n, sh in zip(sizes, sharded, strict=True)]
@@ -131,16 +136,29 @@ class _Group:
         table = self.table_of(rows)
         return torch.where(self.seen[rows] >= self.admit_after[table], rows, self.fallback_row[table])
 
+    def storage_rows(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Virtual `rows` (`counts[f]` of feature f, in feature order) as storage rows: replicated ones as they
+        are (rows of `weight`), sharded ones after them in the ranks' order (`sharding.RowLayout`)."""
+        if not self.any_sharded:
+            return rows
+        out = []
+        for f, feature_rows in enumerate(torch.split(rows, counts)):
+            t = self.feature_table[f]
+            if self.is_sharded[t]:
+                rows_in_table = feature_rows - self.virtual_starts[t]
+                feature_rows = self.layout.storage_rows(t, rows_in_table) + self.num_replicated_rows
+            out.append(feature_rows)
+        return torch.cat(out)
+
     def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, _Touched]:
-        """The vectors of sorted unique virtual `rows`: replicated ones read here, sharded ones fetched from
+        """The vectors of sorted unique storage `rows`: replicated ones read here, sharded ones fetched from
         their owners; the replicated ones first (they are the smaller rows) and numbered as in `weight`."""
         if not self.any_sharded:
             return self.weight.index_select(0, rows), _Touched(rows, rows.numel(), None)
         num_repl = int(torch.searchsorted(rows, rows.new_tensor([self.num_replicated_rows])))
-        repl_rows, shard_rows = rows[:num_repl], rows[num_repl:]
-        table = self.table_of(shard_rows)
-        owner, local = self.layout.locate(table, shard_rows - self.table_starts[table])
-        exchange = sharding.Exchange.plan(owner, local, self.layout.world_size)
+        repl_rows = rows[:num_repl]
+        local, counts = self.layout.split_by_owner(rows[num_repl:] - self.num_replicated_rows)
+        exchange = sharding.Exchange.plan(local, counts)
         vectors = torch.empty(rows.numel(), self.dim, device=rows.device)
         torch.index_select(self.weight, 0, repl_rows, out=vectors[:num_repl])
         exchange.fetch(self.shard, out=vectors[num_repl:])
@@ -230,14 +248,16 @@ class EmbeddingCollection:
         b = batch.batch_size
         lengths = batch.lengths.view(self.num_features, b)
         per_feature = lengths.sum(1)
-        values = torch.split(batch.values, per_feature.tolist())
+        per_feature_counts = per_feature.tolist()
+        values = torch.split(batch.values, per_feature_counts)
         out, first = [], 0
         self._pending = []
         self.last_unique_rows = 0
         for g in self.groups:
             nf = len(g.features)
             raw_rows = g.rows_of(values[first : first + nf])
-            bags = pooling.plan_bags(g.admit(raw_rows), lengths[first : first + nf].reshape(-1), g.num_rows)
+            rows = g.storage_rows(g.admit(raw_rows), per_feature_counts[first : first + nf])
+            bags = pooling.plan_bags(rows, lengths[first : first + nf].reshape(-1), g.num_rows)
             vectors, where = g.gather(bags.unique_rows)
             # A leaf holding only the touched rows: its .grad is the row-sparse gradient.
             touched = vectors.requires_grad_(True)

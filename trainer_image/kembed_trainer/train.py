@@ -11,7 +11,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
-from kembed_trainer import checkpoint, config, data, embedding, metrics, models, report, sparsity
+from kembed_trainer import checkpoint, config, data, embedding, malloc, metrics, models, report, sparsity
 from kembed_trainer import dist as kdist
 
 __all__ = ["EXIT_PREEMPTED", "Trainer"]
@@ -61,11 +61,13 @@ class Trainer:
         self.stop_requested = False
         self._last_saved: checkpoint.SavedCheckpoint | None = None  # the newest that landed
         self._saved_step: int | None = None  # the newest saved, landed or in flight
+        malloc.trim()  # the tables' and data's start-up temporaries
 
     # ------------------------------------------------------------------------------------------- the loop
     def train(self) -> int:
         signal.signal(signal.SIGTERM, self._request_stop)
         resumed_from = self.restore()
+        malloc.trim()  # the checkpoint's read buffers
         total = self.cfg.training.steps
         self.reporter.emit(
             "started",
@@ -106,6 +108,7 @@ class Trainer:
         pooled = self.embeddings(batch)  # tables stay float32, whatever the dense precision
         with self._autocast():
             loss = self.task.loss(self.model(batch.dense, pooled), batch.labels)
+        del pooled  # the model has its own copy (DLRM's concatenation): free these before the backward
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # DDP averages the dense gradients here
