@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from kembed_trainer import config
 
+from kembed_trainer import config
 from tests.trainer.conftest import EXAMPLES, REPO, tiny_config, write_config
 
 

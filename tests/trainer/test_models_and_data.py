@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+
 from kembed_trainer import config, embedding
 from kembed_trainer.data.batch import Batch
 from kembed_trainer.data.synthetic import SyntheticData
-
 from tests.trainer.conftest import run_trainer, tiny_config, write_config
 
 TWO_TOWER_TABLES = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from kembed_trainer import config, sparse_optim
 
 NUM_ROWS, DIM, LR = 10, 4, 0.1

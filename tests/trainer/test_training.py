@@ -9,8 +9,8 @@ import signal
 import subprocess
 
 import pytest
-from kembed_trainer import config, dist, report, train
 
+from kembed_trainer import config, dist, report, train
 from tests.trainer.conftest import (
     REPO,
     records,

@@ -269,4 +269,4 @@ def _gather(t: torch.Tensor) -> torch.Tensor:
     padded[: t.numel()] = t
     out = [torch.empty_like(padded) for _ in sizes]
     dist.all_gather(out, padded)
-    return torch.cat([o[: int(s.item())] for o, s in zip(out, sizes)])
+    return torch.cat([o[: int(s.item())] for o, s in zip(out, sizes, strict=True)])

@@ -7,6 +7,7 @@ seeded by (seed, rank, epoch), so resuming at step s needs only s.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import fsspec
@@ -95,10 +96,8 @@ class _Rows:
                 flat = col.drop_null()
                 lengths = col.is_valid().to_numpy(zero_copy_only=False).astype(np.int64)
             if pa.types.is_string(flat.type) and feature not in hashed:
-                try:  # CSV multi-hot ids arrive as strings like "3|17"
+                with contextlib.suppress(pa.ArrowInvalid):  # CSV multi-hot ids arrive as strings like "3|17"
                     flat = pc.cast(flat, pa.int64())
-                except pa.ArrowInvalid:
-                    pass
             if pa.types.is_integer(flat.type) and feature not in hashed:
                 ids = flat.to_numpy(zero_copy_only=False).astype(np.int64)
             elif feature in hashed:
