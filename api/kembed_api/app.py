@@ -19,6 +19,7 @@ from kembed_api.db import Database, upgrade_to_head
 from kembed_api.dispatcher import Dispatcher
 from kembed_api.jobs import router as jobs_router
 from kembed_api.jobs.forecasts import Forecasts
+from kembed_api.jobs.intake import Intake
 from kembed_api.observability import Metrics, configure_json_logging
 from kembed_api.settings import Backend as BackendKind
 from kembed_api.settings import Settings
@@ -76,11 +77,15 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
         app.state.dispatcher, app.state.backend = dispatcher, dispatcher.backend
         app.state.forecasts = Forecasts(capacity=dispatcher.backend.capacity)
         app.state.principals = TtlCache(ttl_s=settings.token_cache_s)
+        app.state.intake = intake = Intake(db, checkpoint_root=settings.resolved_checkpoint_root,
+                                           check_fits=dispatcher.backend.check_fits)
+        intake.start()
         dispatcher.start()
         log.info("kembed API ready (backend %s, database %s)", settings.backend.value, db.engine.url.get_backend_name())
         try:
             yield
         finally:
+            intake.stop()
             dispatcher.stop()
             db.dispose()
 

@@ -85,3 +85,45 @@ def test_quota_is_never_exceeded_under_50_concurrent_submissions(request, tmp_pa
         watching.set()
         watcher.join()
     assert peak[0] <= QUOTA_CPU
+
+
+@pytest.mark.parametrize(
+    ("database", "replicas"),
+    [pytest.param("sqlite", 1, id="sqlite"), pytest.param("postgres", 1, id="postgres"),
+     pytest.param("postgres", 2, id="postgres-two-replicas")],
+)
+def test_concurrent_submissions_never_overfill_a_queue_and_one_key_stores_one_job(request, tmp_path, database,
+                                                                                  replicas):
+    """Submissions are stored in batches (kembed_api.jobs.intake): the batch counts the queue against
+    quota.max_queued_jobs, numbers the queue positions, and answers a repeated Idempotency-Key with one job."""
+    url = (f"sqlite:///{tmp_path / 'kembed.db'}" if database == "sqlite"
+           else request.getfixturevalue("postgres_server").new_database())
+    apps = [create_app(Settings(data_dir=tmp_path, database_url=url, admission_paused=True), backend=FakeBackend())
+            for _ in range(replicas)]
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(ThreadedServer(app)) for app in apps]
+        admin = bearer((tmp_path / "admin-token").read_text().strip())
+        tokens = {}
+        for name, quota in (("limited", {"max_queued_jobs": 20}), ("keyed", {})):
+            assert httpx.post(f"{servers[0].url}/v1/tenants", headers=admin,
+                              json={"name": name, "quota": quota}).status_code == 201
+            tokens[name] = bearer(httpx.post(f"{servers[0].url}/v1/tenants/{name}/tokens", headers=admin,
+                                             json={"name": "ci", "role": "member"}).json()["token"])
+
+        def submit(i: int, tenant: str, headers: dict[str, str]) -> httpx.Response:
+            return httpx.post(f"{servers[i % replicas].url}/v1/jobs", json=make_spec(f"job-{i}").build(),
+                              headers={**tokens[tenant], **headers}, timeout=60)
+
+        with ThreadPoolExecutor(max_workers=50) as pool:
+            limited = list(pool.map(lambda i: submit(i, "limited", {}), range(50)))
+            keyed = list(pool.map(lambda i: submit(i, "keyed", {"Idempotency-Key": "once"}), range(30)))
+
+        accepted = [r.json() for r in limited if r.status_code == 201]
+        assert sorted(r.status_code for r in limited) == [201] * 20 + [429] * 30
+        assert sorted(job["queue_position"] for job in accepted) == list(range(1, 21))
+        listed = httpx.get(f"{servers[0].url}/v1/jobs", params={"limit": 500}, headers=tokens["limited"]).json()
+        assert sorted(job["id"] for job in listed["items"]) == sorted(job["id"] for job in accepted)
+
+        assert sorted(r.status_code for r in keyed) == [200] * 29 + [201]
+        assert len({r.json()["id"] for r in keyed}) == 1
+        assert len(httpx.get(f"{servers[0].url}/v1/jobs", headers=tokens["keyed"]).json()["items"]) == 1

@@ -181,3 +181,31 @@ def test_one_request_recomputes_an_expired_forecast_while_the_others_answer_from
     assert read() == first and replays == ["MainThread", "refresher"]  # answered from the old one, no third replay
     release.set()
     refreshing.join(10)
+
+
+def test_a_job_newer_than_the_forecast_waits_for_the_next_replay_of_the_queue(db, backend):
+    """Under a stream of submissions, reading each new job must not replay the whole queue each time."""
+    from kembed_api.jobs.forecasts import Forecasts
+
+    now, replays = [0.0], []
+
+    def counted_capacity():
+        replays.append(now[0])
+        return backend.capacity()
+
+    forecasts = Forecasts(capacity=counted_capacity, ttl_s=5.0, new_job_ttl_s=1.0, clock=lambda: now[0])
+
+    def read(job_id: str) -> tuple[int, object]:
+        with db.session() as session:
+            tenant = ensure_tenant(session, name="default")
+            return forecasts.of_job(session, tenant=tenant, job=service.get_job(session, tenant=tenant, job_id=job_id))
+
+    first = submit(db, make_spec("first"))
+    assert read(first)[1] is not None and replays == [0.0]
+    second = submit(db, make_spec("second"))
+    now[0] = 0.5
+    assert read(second) == (2, None)  # its exact position at once; no start until the forecast is replayed
+    assert replays == [0.0]
+    now[0] = 1.0
+    position, start = read(second)
+    assert position == 2 and start is not None and replays == [0.0, 1.0]

@@ -7,7 +7,6 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
 from kembed_api import checkpoints
 from kembed_api.deps import Db, QueueForecasts, Reader, Submitter
@@ -23,10 +22,6 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 _NOT_FOUND = {404: {"description": "No such job for this tenant (another tenant's job is not found either)."}}
 _AUTH = {401: {"description": "Missing, invalid, expired or revoked token."},
          403: {"description": "The token's role may not do this (viewers only read)."}}
-
-
-# Tries of one submission: job ids are random, so a second collision in a row is as good as impossible.
-_SUBMIT_TRIES = 3
 
 
 def _forecast_of(session, principal, forecasts: Forecasts):
@@ -49,35 +44,19 @@ def _not_found(job_id: str) -> HTTPException:
     },
     summary="Submit a job",
 )
-def submit_job(
+async def submit_job(
     spec: JobCreate,
     request: Request,
-    db: Db,
     principal: Submitter,
     idempotency_key: Annotated[
         str | None,
         Header(max_length=200, description="Retries with the same key return the first job instead of a new one."),
     ] = None,
 ) -> Response:
+    # Stored by the intake's writer together with whatever else arrived meanwhile (kembed_api.jobs.intake).
+    submission = service.Submission(tenant_id=principal.tenant.id, spec=spec, idempotency_key=idempotency_key)
     try:
-        request.app.state.backend.check_fits(spec)
-    except ValueError as error:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(error)) from error
-    try:
-        for attempt in range(_SUBMIT_TRIES):
-            try:
-                with db.session(write=True) as session:
-                    job, created = service.submit(
-                        session, tenant=principal.tenant, spec=spec, idempotency_key=idempotency_key,
-                        checkpoint_root=request.app.state.settings.resolved_checkpoint_root,
-                    )
-                    read = service.submitted_read(session, job=job, tenant=principal.tenant, created=created)
-                break
-            except IntegrityError:
-                # The random job id was taken, or a retry with the same Idempotency-Key won a race (PostgreSQL):
-                # the next try draws another id, or finds the job the other request stored.
-                if attempt == _SUBMIT_TRIES - 1:
-                    raise
+        read, created = await request.app.state.intake.submit(submission)
     except service.CannotRun as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(error)) from error
     except service.QueueFull as error:

@@ -6,11 +6,13 @@ import base64
 import hmac
 import secrets
 import string
-from collections.abc import Callable
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import bindparam, func, insert, select, tuple_
 from sqlalchemy.orm import Session
 
 from kembed_api.admission import Demand, Quota, RunningJob, estimate_start_times, never_fits
@@ -49,8 +51,10 @@ __all__ = [
     "queue_position",
     "read_job",
     "request_cancel",
+    "Outcome",
+    "Submission",
     "submit",
-    "submitted_read",
+    "submit_many",
     "to_read",
     "transition",
     "verify_report_token",
@@ -99,10 +103,14 @@ _TENANT_BY_ID = select(Tenant).where(Tenant.id == bindparam("tenant_id"))
 _JOB_OF_TENANT = select(Job).where(Job.id == bindparam("job_id"), Job.tenant_id == bindparam("tenant_id"))
 _JOB_OF_TENANT_FOR_UPDATE = _JOB_OF_TENANT.with_for_update()
 _EVENTS_OF_JOB = select(JobEvent).where(JobEvent.job_seq == bindparam("job_seq")).order_by(JobEvent.id)
-# Queued jobs of the tenant admitted before a given one: higher priority, or the same priority and older.
-_QUEUED_AHEAD = select(func.count()).where(
-    Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED,
-    (Job.priority > bindparam("priority")) | ((Job.priority == bindparam("priority")) & (Job.seq < bindparam("seq"))),
+# Queued jobs of the tenant admitted before a given one: higher priority, or the same priority and older. Two
+# counts, each a range of the queue-order index, so a count costs as much as the jobs ahead (an OR of the two
+# would walk the tenant's whole queue).
+_QUEUED_AHEAD = select(
+    select(func.count()).where(Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED,
+                               Job.priority > bindparam("priority")).scalar_subquery()
+    + select(func.count()).where(Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED,
+                                 Job.priority == bindparam("priority"), Job.seq < bindparam("seq")).scalar_subquery()
 )
 
 
@@ -139,43 +147,130 @@ def transition(
     session.add(JobEvent(job_seq=job.seq, time=now, state=state, reason=reason, message=message))
 
 
-def submit(
-    session: Session,
-    *,
-    tenant: Tenant,
-    spec: JobSpec,
-    checkpoint_root: str,
-    idempotency_key: str | None = None,
-    now: datetime | None = None,
-) -> tuple[Job, bool]:
-    """Store a QUEUED job. Returns (job, created); a repeated idempotency key returns the first job.
+@dataclass(frozen=True)
+class Submission:
+    """One job to store for a tenant (see submit_many)."""
 
-    The job id is drawn at random and not checked first: the unique constraint catches the rare collision (and a
-    race of two retries with one idempotency key), and the caller retries the whole unit (IntegrityError).
+    tenant_id: int
+    spec: JobSpec
+    idempotency_key: str | None = None
+
+
+# What storing one submission came to: the job's answer and whether it was created (False: an Idempotency-Key
+# seen before), or why it was refused.
+Outcome = tuple[JobRead, bool] | CannotRun | QueueFull
+
+_JOBS_OF_KEYS = select(Job).where(tuple_(Job.tenant_id, Job.idempotency_key).in_(bindparam("keys", expanding=True)))
+_TENANTS_FOR_UPDATE = select(Tenant).where(Tenant.id.in_(bindparam("ids", expanding=True))).with_for_update()
+_QUEUED_BY_PRIORITY = (
+    select(Job.tenant_id, Job.priority, func.count())
+    .where(Job.tenant_id.in_(bindparam("ids", expanding=True)), Job.state == JobState.QUEUED)
+    .group_by(Job.tenant_id, Job.priority)
+)
+_INSERT_JOBS = insert(Job).returning(Job.seq, sort_by_parameter_order=True)
+
+
+def submit_many(
+    session: Session, submissions: Sequence[Submission], *, checkpoint_root: str, now: datetime | None = None
+) -> list[Outcome]:
+    """Store QUEUED jobs, one outcome per submission in order; the caller commits (kembed_api.jobs.intake).
+
+    A handful of statements serve the whole batch: the tenants (locked, so that concurrent batches of one tenant,
+    also from another replica, count its queue one at a time), the jobs of repeated Idempotency-Keys, the queue
+    lengths by priority, and two multi-row inserts. Job ids are random and not checked first: a clash with a
+    stored id (or a concurrent request with the same key) fails the insert with IntegrityError, and the caller
+    retries.
     """
-    if idempotency_key is not None:
-        existing = session.scalar(
-            select(Job).where(Job.tenant_id == tenant.id, Job.idempotency_key == idempotency_key)
-        )
-        if existing is not None:
-            return existing, False
-    # The tenant's quota, read again inside this transaction: the caller's copy may be a few seconds old (see
-    # kembed_api.deps.Principal).
-    tenant = session.scalars(_TENANT_BY_ID, {"tenant_id": tenant.id}).one()
-    _check_can_run(spec, tenant=tenant)
-    if tenant.quota_max_queued_jobs is not None:
-        # Concurrent submissions of one tenant count its queue one at a time (PostgreSQL row lock; SQLite's write
-        # transaction already serialises them).
-        session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
-        queued = session.scalar(
-            select(func.count()).where(Job.tenant_id == tenant.id, Job.state == JobState.QUEUED)
-        )
-        if queued >= tenant.quota_max_queued_jobs:
-            raise QueueFull(f"tenant {tenant.name!r} already has {queued} queued jobs "
-                            f"(quota.max_queued_jobs is {tenant.quota_max_queued_jobs}); retry when some have started")
     now = now or utcnow()
+    tenant_ids = list({s.tenant_id for s in submissions})
+    tenants = {t.id: t for t in session.scalars(_TENANTS_FOR_UPDATE, {"ids": tenant_ids})}
+    keys = list({(s.tenant_id, s.idempotency_key) for s in submissions if s.idempotency_key is not None})
+    known = {(j.tenant_id, j.idempotency_key): j for j in session.scalars(_JOBS_OF_KEYS, {"keys": keys})} if keys else {}
+    queued: dict[int, Counter[int]] = defaultdict(Counter)  # tenant -> priority -> queued jobs
+    for tenant_id, priority, count in session.execute(_QUEUED_BY_PRIORITY, {"ids": tenant_ids}):
+        queued[tenant_id][priority] = count
+
+    outcomes: list[Outcome | None] = [None] * len(submissions)
+    new: list[tuple[int, Job, int]] = []  # (submission index, job, queued jobs of its priority ahead of it)
+    first_with_key: dict[tuple[int, str], int] = {}  # a key repeated within the batch answers the first's job
+    taken_ids: set[str] = set()
+    for i, submission in enumerate(submissions):
+        tenant, key = tenants[submission.tenant_id], (submission.tenant_id, submission.idempotency_key)
+        if key in known:
+            outcomes[i] = (_read_stored(session, known[key], tenant=tenant), False)
+            continue
+        if key in first_with_key:
+            continue  # answered below, from the job the first submission with this key creates
+        try:
+            job = _new_job(submission.spec, tenant=tenant, checkpoint_root=checkpoint_root, now=now,
+                           idempotency_key=submission.idempotency_key, taken_ids=taken_ids)
+        except CannotRun as refused:
+            outcomes[i] = refused
+            continue
+        waiting = queued[tenant.id]
+        if tenant.quota_max_queued_jobs is not None and waiting.total() >= tenant.quota_max_queued_jobs:
+            outcomes[i] = QueueFull(
+                f"tenant {tenant.name!r} already has {waiting.total()} queued jobs (quota.max_queued_jobs is "
+                f"{tenant.quota_max_queued_jobs}); retry when some have started")
+            continue
+        new.append((i, job, waiting[job.priority]))
+        waiting[job.priority] += 1
+        if submission.idempotency_key is not None:
+            first_with_key[key] = i
+
+    if new:
+        rows = [{c: getattr(job, c) for c in _INSERTED_COLUMNS} for _, job, _ in new]
+        for (_, job, _), seq in zip(new, session.scalars(_INSERT_JOBS, rows), strict=True):
+            job.seq = seq
+        session.execute(insert(JobEvent), [
+            {"job_seq": job.seq, "time": now, "state": JobState.QUEUED, "reason": job.reason, "message": job.message}
+            for _, job, _ in new
+        ])
+    for i, job, same_priority_ahead in new:
+        # Ahead of a new job: every queued job of a higher priority (this batch's included), and the older ones
+        # of its own priority.
+        ahead = same_priority_ahead + sum(n for p, n in queued[job.tenant_id].items() if p > job.priority)
+        tenant = tenants[job.tenant_id]
+        events = [JobEventRead(time=now, state=JobState.QUEUED, reason=job.reason, message=job.message)]
+        outcomes[i] = (to_read(job, tenant_name=tenant.name, queue=(ahead + 1, None), events=events), True)
+    for key, first in first_with_key.items():
+        read = outcomes[first][0]
+        for i, submission in enumerate(submissions):
+            if outcomes[i] is None and (submission.tenant_id, submission.idempotency_key) == key:
+                outcomes[i] = (read, False)
+    return outcomes
+
+
+def submit(
+    session: Session, *, tenant: Tenant, spec: JobSpec, checkpoint_root: str, idempotency_key: str | None = None,
+    now: datetime | None = None,
+) -> tuple[JobRead, bool]:
+    """One submission (see submit_many); raises CannotRun or QueueFull."""
+    outcome = submit_many(session, [Submission(tenant.id, spec, idempotency_key)], checkpoint_root=checkpoint_root,
+                          now=now)[0]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+# Every column a new job row sets: a multi-row insert needs the same keys in each row, and the answer is built
+# from the same object without reading the row back.
+_JOB_COLUMNS = ("id", "tenant_id", "name", "spec", "priority", "gpus", "cpu", "memory_bytes", "processes",
+                "idempotency_key", "state", "reason", "message", "cancel_requested", "restart_count", "created_at",
+                "admitted_at", "started_at", "finished_at", "step", "total_steps", "metrics", "result",
+                "checkpoint_uri", "checkpoint_step", "backend_state", "report_token_hash")
+# A JSON column stores None as the JSON value null; `result` is left out so that it stays SQL NULL.
+_INSERTED_COLUMNS = tuple(c for c in _JOB_COLUMNS if c != "result")
+
+
+def _new_job(spec: JobSpec, *, tenant: Tenant, checkpoint_root: str, now: datetime, idempotency_key: str | None,
+             taken_ids: set[str]) -> Job:
+    """The QUEUED job a valid submission becomes (not yet stored); raises CannotRun."""
+    _check_can_run(spec, tenant=tenant)
     job_id = _new_job_id(spec.name)
-    demand = Demand.of(spec)
+    while job_id in taken_ids:
+        job_id = _new_job_id(spec.name)
+    taken_ids.add(job_id)
     own_prefix = f"{checkpoint_root}/{tenant.name}/"
     stored_spec = spec.model_dump(mode="json")
     if spec.trainer.checkpoint.uri is None:
@@ -185,39 +280,21 @@ def submit(
             spec.trainer.checkpoint.uri.startswith(own_prefix)):
         raise CannotRun(f"trainer.checkpoint.uri: under the platform's checkpoint root a job may only use its "
                         f"tenant's folder {own_prefix}")
-    job = Job(
-        id=job_id,
-        tenant_id=tenant.id,
-        name=spec.name,
-        spec=stored_spec,
-        priority=spec.priority,
-        gpus=demand.gpus,
-        cpu=demand.cpu,
-        memory_bytes=demand.memory_bytes,
-        processes=demand.processes,
-        idempotency_key=idempotency_key,
-        state=JobState.QUEUED,
-        reason="Submitted",
-        message="waiting for admission",
-        created_at=now,
-        total_steps=spec.trainer.training.steps,
-        metrics={},
-        backend_state={},
+    demand = Demand.of(spec)
+    return Job(
+        id=job_id, tenant_id=tenant.id, name=spec.name, spec=stored_spec, priority=spec.priority,
+        gpus=demand.gpus, cpu=demand.cpu, memory_bytes=demand.memory_bytes, processes=demand.processes,
+        idempotency_key=idempotency_key, state=JobState.QUEUED, reason="Submitted", message="waiting for admission",
+        cancel_requested=False, restart_count=0, created_at=now, admitted_at=None, started_at=None,
+        finished_at=None, step=0, total_steps=spec.trainer.training.steps, metrics={}, result=None,
+        checkpoint_uri=None, checkpoint_step=None, backend_state={}, report_token_hash=None,
     )
-    session.add(job)
-    session.flush()
-    session.add(JobEvent(job_seq=job.seq, time=now, state=JobState.QUEUED, reason="Submitted",
-                         message="waiting for admission"))
-    return job, True
 
 
-def submitted_read(session: Session, *, job: Job, tenant: Tenant, created: bool) -> JobRead:
-    """What a submission answers, from the job just stored (no second read): its place in the queue is counted,
-    its estimated start comes with later reads. A new job's only event is its submission."""
+def _read_stored(session: Session, job: Job, *, tenant: Tenant) -> JobRead:
+    """The answer for a job already stored (a repeated Idempotency-Key): its events and current place in the queue."""
     queue = (queue_position(session, job=job), None) if job.state == JobState.QUEUED else None
-    events = ([JobEventRead(time=job.created_at, state=JobState.QUEUED, reason=job.reason, message=job.message)]
-              if created else list_events(session, job=job))
-    return to_read(job, tenant_name=tenant.name, queue=queue, events=events)
+    return to_read(job, tenant_name=tenant.name, queue=queue, events=list_events(session, job=job))
 
 
 def _check_can_run(spec: JobSpec, *, tenant: Tenant) -> None:

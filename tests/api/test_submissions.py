@@ -1,0 +1,52 @@
+"""Storing submissions in batches (service.submit_many, what the intake's writer calls): each submission of a
+batch gets the outcome it would have had alone."""
+
+from __future__ import annotations
+
+from kembed_api.jobs import service
+from kembed_api.spec import JobSpec
+from kembed_api.tenants.service import ensure_tenant
+from tests.builders import make_spec
+
+
+def _submission(tenant, name: str, priority: int = 0, key: str | None = None,
+                checkpoint_uri: str | None = None) -> service.Submission:
+    spec = make_spec(name).with_priority(priority).build()
+    spec["trainer"]["checkpoint"]["uri"] = checkpoint_uri
+    return service.Submission(tenant.id, JobSpec.model_validate(spec), key)
+
+
+def test_a_batch_numbers_queue_positions_by_priority_then_age(db):
+    with db.session(write=True) as session:
+        tenant = ensure_tenant(session, name="default")
+        service.submit(session, tenant=tenant, spec=_submission(tenant, "old").spec, checkpoint_root="file:///c")
+        outcomes = service.submit_many(session, [
+            _submission(tenant, "low-1"), _submission(tenant, "high-1", 5),
+            _submission(tenant, "low-2"), _submission(tenant, "high-2", 5),
+        ], checkpoint_root="file:///c")
+    # admission order: high-1, high-2, old, low-1, low-2
+    assert [(read.name, read.queue_position, created) for read, created in outcomes] == [
+        ("low-1", 4, True), ("high-1", 1, True), ("low-2", 5, True), ("high-2", 2, True)]
+    with db.session() as session:
+        stored = {read.name: service.queue_position(session, job=service.get_job(session, tenant=tenant,
+                                                                                  job_id=read.id))
+                  for read, _ in outcomes}
+    assert stored == {"low-1": 4, "high-1": 1, "low-2": 5, "high-2": 2}  # what a later read counts
+
+
+def test_one_refused_submission_does_not_fail_the_rest_of_its_batch(db):
+    with db.session(write=True) as session:
+        tenant = ensure_tenant(session, name="default")
+        outcomes = service.submit_many(session, [
+            _submission(tenant, "fine"),
+            _submission(tenant, "foreign", checkpoint_uri="file:///c/other-team/x"),
+            _submission(tenant, "also-fine", key="k"),
+            _submission(tenant, "again", key="k"),
+        ], checkpoint_root="file:///c")
+    fine, foreign, keyed, repeated = outcomes
+    assert fine[1] and keyed[1] and fine[0].spec.trainer.checkpoint.uri.startswith("file:///c/default/fine-")
+    assert isinstance(foreign, service.CannotRun) and "trainer.checkpoint.uri" in str(foreign)
+    assert repeated == (keyed[0], False)  # the same key within one batch: the first's job, not a second one
+    with db.session() as session:
+        stored = service.list_jobs(session, tenant=tenant, forecast=dict).items
+    assert [job.name for job in stored] == ["also-fine", "fine"]
