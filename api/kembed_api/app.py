@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
                                 metrics=metrics, admission_paused=settings.admission_paused)
         app.state.settings, app.state.db, app.state.metrics = settings, db, metrics
         app.state.dispatcher, app.state.backend = dispatcher, dispatcher.backend
-        app.state.forecasts = Forecasts(capacity=dispatcher.backend.capacity)
+        app.state.forecasts = forecasts = Forecasts(db, capacity=dispatcher.backend.capacity)
         app.state.principals = TtlCache(ttl_s=settings.token_cache_s)
         app.state.intake = intake = Intake(db, checkpoint_root=settings.resolved_checkpoint_root,
                                            check_fits=dispatcher.backend.check_fits)
@@ -87,6 +87,7 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
         finally:
             intake.stop()
             dispatcher.stop()
+            forecasts.close()
             db.dispose()
 
     app = FastAPI(

@@ -145,13 +145,15 @@ def test_a_job_admitted_while_it_is_being_read_gets_no_estimated_start(postgres_
         tenant = ensure_tenant(session, name="default")
         read_as_queued = service.get_job(session, tenant=tenant, job_id=job_id)
         dispatcher.run_once()  # meanwhile another transaction admits it
-        position, start = Forecasts(capacity=backend.capacity).of_job(session, tenant=tenant, job=read_as_queued)
+        forecasts = Forecasts(db, capacity=backend.capacity)
+        forecasts.fresh(session, tenant=tenant)  # the forecast of when it was queued
+        position, start = forecasts.of_job(session, tenant=tenant, job=read_as_queued)
     assert start is None and position >= 1
     assert state_of(db, job_id)[0] is JobState.RUNNING
     db.dispose()
 
 
-def test_one_request_recomputes_an_expired_forecast_while_the_others_answer_from_the_old_one(db, backend):
+def test_an_expired_forecast_is_replayed_in_the_background_while_reads_answer_from_the_old_one(db, backend):
     import threading
 
     from kembed_api.jobs.forecasts import Forecasts
@@ -160,27 +162,30 @@ def test_one_request_recomputes_an_expired_forecast_while_the_others_answer_from
     now, replays, release = [0.0], [], threading.Event()
 
     def slow_capacity():  # the replay of a long queue, held until the test lets it finish
-        replays.append(threading.current_thread().name)
+        replays.append(now[0])
         if len(replays) > 1:
-            release.wait(10)
+            assert release.wait(10)
         return backend.capacity()
 
-    forecasts = Forecasts(capacity=slow_capacity, ttl_s=1.0, clock=lambda: now[0])
+    forecasts = Forecasts(db, capacity=slow_capacity, ttl_s=1.0, clock=lambda: now[0])
 
-    def read() -> tuple[int, object]:
+    def read(job_id: str = job_id) -> tuple[int, object]:
         with db.session() as session:
             tenant = ensure_tenant(session, name="default")
             return forecasts.of_job(session, tenant=tenant, job=service.get_job(session, tenant=tenant, job_id=job_id))
 
-    first = read()  # computes the forecast
-    now[0] = 5.0  # it has expired
-    refreshing = threading.Thread(target=read, name="refresher")
-    refreshing.start()
+    assert read() == (1, None)  # nothing replayed yet: no estimate, and the read did not wait for one
+    forecasts.wait()
+    first = read()
+    assert first[1] is not None and replays == [0.0]
+    now[0] = 5.0  # it has expired: the next read starts one replay, and reads meanwhile answer from the old one
+    assert read() == first and read() == first
     while len(replays) < 2:
         time.sleep(0.01)
-    assert read() == first and replays == ["MainThread", "refresher"]  # answered from the old one, no third replay
+    assert replays == [0.0, 5.0]
     release.set()
-    refreshing.join(10)
+    forecasts.wait()
+    forecasts.close()
 
 
 def test_a_job_newer_than_the_forecast_waits_for_the_next_replay_of_the_queue(db, backend):
@@ -193,19 +198,25 @@ def test_a_job_newer_than_the_forecast_waits_for_the_next_replay_of_the_queue(db
         replays.append(now[0])
         return backend.capacity()
 
-    forecasts = Forecasts(capacity=counted_capacity, ttl_s=5.0, new_job_ttl_s=1.0, clock=lambda: now[0])
+    forecasts = Forecasts(db, capacity=counted_capacity, ttl_s=5.0, new_job_ttl_s=1.0, clock=lambda: now[0])
 
     def read(job_id: str) -> tuple[int, object]:
         with db.session() as session:
             tenant = ensure_tenant(session, name="default")
-            return forecasts.of_job(session, tenant=tenant, job=service.get_job(session, tenant=tenant, job_id=job_id))
+            position_and_start = forecasts.of_job(session, tenant=tenant,
+                                                  job=service.get_job(session, tenant=tenant, job_id=job_id))
+        forecasts.wait()
+        return position_and_start
 
     first = submit(db, make_spec("first"))
+    read(first)
     assert read(first)[1] is not None and replays == [0.0]
     second = submit(db, make_spec("second"))
     now[0] = 0.5
     assert read(second) == (2, None)  # its exact position at once; no start until the forecast is replayed
     assert replays == [0.0]
     now[0] = 1.0
+    assert read(second) == (2, None) and replays == [0.0, 1.0]  # this read asked for the replay
     position, start = read(second)
     assert position == 2 and start is not None and replays == [0.0, 1.0]
+    forecasts.close()

@@ -1,65 +1,83 @@
-"""Queue positions and estimated starts, cached per tenant for a moment.
+"""Queue positions and estimated starts, cached per tenant and replayed in the background.
 
-Replaying a tenant's queue costs time in proportion to its length; reads of queued jobs come often (a CLI
-following a job polls every second). So a single job's read takes its position from an exact count and its
-estimated start from the tenant's forecast, recomputed at most once per `ttl_s`, or once per `new_job_ttl_s` when
-the job asked about is newer than the forecast (until then its start is not estimated): a start estimated
-seconds ago is as good as a fresh one, while replaying a queue of thousands for every read of a job just
-submitted would cost most of a core under a stream of submissions. Lists recompute the forecast.
+Replaying a tenant's queue costs time in proportion to its length (tens of ms at thousands of jobs); reads of
+queued jobs come often (a CLI following a job polls every second). So a single job's read takes its position
+from an exact count and its estimated start from the tenant's cached forecast, which a thread of its own
+replays when it is older than `ttl_s`, or older than `new_job_ttl_s` when the job asked about is newer than it;
+meanwhile reads answer from the old forecast (a job it does not know yet has no estimate until the replay is
+done). A start estimated seconds ago is as good as a fresh one, and no read ever waits for a replay. Lists
+replay the forecast themselves (`fresh`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 
 from sqlalchemy.orm import Session
 
 from kembed_api.admission import Quota
+from kembed_api.db import Database
 from kembed_api.jobs import service
 from kembed_api.jobs.models import Job
 from kembed_api.tenants.models import Tenant
 
 __all__ = ["Forecasts"]
 
+log = logging.getLogger(__name__)
+
 Forecast = dict[int, tuple[int, datetime | None]]  # job seq -> (queue position, estimated start)
 
 
 class Forecasts:
-    def __init__(self, *, capacity: Callable[[], Quota], ttl_s: float = 5.0, new_job_ttl_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.capacity, self.ttl_s, self.new_job_ttl_s, self.clock = capacity, ttl_s, new_job_ttl_s, clock
+    def __init__(self, db: Database, *, capacity: Callable[[], Quota], ttl_s: float = 5.0,
+                 new_job_ttl_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.db, self.capacity, self.clock = db, capacity, clock
+        self.ttl_s, self.new_job_ttl_s = ttl_s, new_job_ttl_s
         self._cache: dict[int, tuple[float, Forecast]] = {}
         self._lock = threading.Lock()
-        self._refreshing: set[int] = set()  # tenants whose forecast one request is recomputing right now
+        self._replays: dict[int, Future] = {}  # tenant id -> its replay under way
+        self._replayer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kembed-forecasts")
 
     def fresh(self, session: Session, *, tenant: Tenant) -> Forecast:
+        """Replay the tenant's queue now (and remember it)."""
         forecast = service.queue_forecast(session, tenant=tenant, capacity=self.capacity())
         with self._lock:
             self._cache[tenant.id] = (self.clock(), forecast)
         return forecast
 
     def of_job(self, session: Session, *, tenant: Tenant, job: Job) -> tuple[int, datetime | None]:
+        """A queued job's exact position, and its estimated start as of the latest replay (None if unknown)."""
         with self._lock:
             cached = self._cache.get(tenant.id)
-            age = self.clock() - cached[0] if cached else None
-            ttl = self.ttl_s if cached and job.seq in cached[1] else self.new_job_ttl_s
-            # One request recomputes an expired forecast; the others meanwhile answer from the old one. Else every
-            # request arriving during a long queue's replay would replay it too.
-            refresh = (age is None or age >= ttl) and tenant.id not in self._refreshing
-            if refresh:
-                self._refreshing.add(tenant.id)
-        if refresh:
-            try:
-                forecast = self.fresh(session, tenant=tenant)
-            finally:
-                with self._lock:
-                    self._refreshing.discard(tenant.id)
-        else:
             forecast = cached[1] if cached else {}
-        # Missing even from a fresh forecast: the job left the queue since it was read (PostgreSQL reads each
-        # statement at its own moment), so no start is estimated.
+            ttl = self.ttl_s if job.seq in forecast else self.new_job_ttl_s
+            if (cached is None or self.clock() - cached[0] >= ttl) and tenant.id not in self._replays:
+                self._replays[tenant.id] = self._replayer.submit(self._replay, tenant)
+        # Missing even from a fresh forecast: the job left the queue since it was read, so no start is estimated.
         _, start = forecast.get(job.seq, (None, None))
         return service.queue_position(session, job=job), start
+
+    def wait(self) -> None:
+        """Until the replays under way are done (tests; shutdown)."""
+        with self._lock:
+            replays = list(self._replays.values())
+        for replay in replays:
+            replay.result()
+
+    def close(self) -> None:
+        self._replayer.shutdown(wait=True)
+
+    def _replay(self, tenant: Tenant) -> None:
+        try:
+            with self.db.session() as session:
+                self.fresh(session, tenant=tenant)
+        except Exception:  # the next read asks again; a forecast is never worth a failed request
+            log.exception("replaying the queue of tenant %s failed", tenant.name)
+        finally:
+            with self._lock:
+                del self._replays[tenant.id]

@@ -86,11 +86,10 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobRead, responses={**_NOT_FOUND, **_AUTH}, summary="One job with its events")
-def get_job(job_id: str, db: Db, principal: Reader, forecasts: QueueForecasts) -> Response:
+async def get_job(job_id: str, db: Db, principal: Reader, forecasts: QueueForecasts) -> Response:
     try:
-        with db.session() as session:
-            return ModelResponse(service.read_job(session, tenant=principal.tenant, job_id=job_id,
-                                                  forecast=_forecast_of(session, principal, forecasts)))
+        return ModelResponse(await db.read(lambda session: service.read_job(
+            session, tenant=principal.tenant, job_id=job_id, forecast=_forecast_of(session, principal, forecasts))))
     except service.JobNotFound:
         raise _not_found(job_id) from None
 

@@ -93,9 +93,8 @@ def tenant_usage(name: str, db: Db, principal: Reader) -> Response:
 
 
 @router.get("/v1/usage", response_model=Usage, summary="The caller's tenant: quota, use, queue, GPU-hours")
-def my_usage(db: Db, principal: Reader) -> Response:
-    with db.session() as session:
-        return ModelResponse(service.usage(session, tenant=principal.tenant))
+async def my_usage(db: Db, principal: Reader) -> Response:
+    return ModelResponse(await db.read(lambda session: service.usage(session, tenant=principal.tenant)))
 
 
 # ----------------------------------------------------------------------------------------------- tokens
