@@ -6,7 +6,8 @@
 Each variant runs in its own torchrun process group (so peak RSS is its own), on the same pre-generated
 synthetic batches (26 sparse features: 4 tables of 1M rows and 22 of 10k-100k, dim 64, multi-hot 1-3,
 Zipf 1.1; 13 dense; batch 4096 per rank; MLPs 256-64 / 256-1), for the same number of steps, then evaluates
-AUC on the same held-out samples. Threads per process = cores / ranks. TorchRec variants need
+AUC on the same held-out samples. Every variant's initial weights are seeded (`training.seed`), so a variant's
+AUC is the same in every run. Threads per process = cores / ranks. TorchRec variants need
 `benchmarks/requirements.txt`; they are skipped when TorchRec does not import.
 """
 
@@ -48,7 +49,13 @@ BASELINES = {1: BASELINE, 2: "torchrec-2rank"}  # the "x TorchRec, same ranks" c
 
 
 def bench_config(
-    optimizer: str, batch_size: int, steps: int, *, replicated: bool = False, shard_all: bool = False
+    optimizer: str,
+    batch_size: int,
+    steps: int,
+    *,
+    replicated: bool = False,
+    shard_all: bool = False,
+    seed: int = 0,
 ) -> config.TrainerConfig:
     big = [1_000_000] * 4
     small = [int(10_000 * 10 ** (i / 21)) for i in range(22)]  # 10k .. 100k, geometric
@@ -77,7 +84,7 @@ def bench_config(
                 "sparse": {"name": optimizer, "lr": 0.05 if optimizer != "adam" else 0.005},
                 "dense": {"name": "adam", "lr": 0.001},
             },
-            "training": {"steps": steps, "batch_size": batch_size, "seed": 0},
+            "training": {"steps": steps, "batch_size": batch_size, "seed": seed},
         }
     )
 
@@ -114,7 +121,12 @@ def run_torch(cfg: config.TrainerConfig, env: dist.Env, args, variant: str):
     features = cfg.embeddings.features
     data = CachedData(
         SyntheticData(
-            cfg.data, tables=cfg.embeddings.tables, seed=0, batch_size=args.batch_size, rank=0, world_size=1
+            cfg.data,
+            tables=cfg.embeddings.tables,
+            seed=cfg.training.seed,
+            batch_size=args.batch_size,
+            rank=0,
+            world_size=1,
         ),
         args.num_batches,
     )
@@ -177,7 +189,7 @@ def run_torchrec(cfg: config.TrainerConfig, env: dist.Env, args):
         SyntheticData(
             cfg.data,
             tables=cfg.embeddings.tables,
-            seed=0,
+            seed=cfg.training.seed,
             batch_size=args.batch_size,
             rank=env.rank,
             world_size=env.world_size,
@@ -253,9 +265,17 @@ def worker(args) -> None:
     optimizer = "adam" if "adam" in args.variant and args.variant.startswith("kembed") else "rowwise_adagrad"
     replicated = args.variant.endswith("replicated")
     cfg = bench_config(
-        optimizer, args.batch_size, args.steps, replicated=replicated, shard_all=ranks > 1 and not replicated
+        optimizer,
+        args.batch_size,
+        args.steps,
+        replicated=replicated,
+        shard_all=ranks > 1 and not replicated,
+        seed=args.seed,
     )
     env = dist.setup("gloo", threads=max(1, len(os.sched_getaffinity(0)) // ranks))
+    # torch seeds its default generator afresh in every process: without this, the baselines' tables and dense
+    # layers (drawn from it) and so their AUC changed from run to run. kembed seeds its own the same way.
+    torch.manual_seed(cfg.training.seed)
     if args.variant.startswith("kembed"):
         sps, auc = run_kembed(cfg, env, args)
     elif args.variant.startswith("torchrec"):
@@ -295,6 +315,8 @@ def run_variant(name: str, args) -> dict | None:
             str(args.batch_size),
             "--num-batches",
             str(args.num_batches),
+            "--seed",
+            str(args.seed),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)  # noqa: PLW1510
         results = [json.loads(p.read_text()) for p in sorted(pathlib.Path(out).glob("rank*.json"))]
@@ -317,6 +339,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=4096, help="per rank")
     parser.add_argument("--num-batches", type=int, default=8, help="distinct pre-generated batches, cycled")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="data and initial weights, the same for every variant"
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs per variant; the table shows medians")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", help=argparse.SUPPRESS)
@@ -335,7 +360,8 @@ def main() -> None:
     base = rows.get(BASELINE)
     print(
         f"\n{args.steps} steps ({args.warmup} warm-up), batch {args.batch_size}/rank, "
-        f"{len(os.sched_getaffinity(0))} cores, torch {torch.__version__}, medians of {args.repeats} run(s)\n"
+        f"{len(os.sched_getaffinity(0))} cores, torch {torch.__version__}, seed {args.seed}, "
+        f"medians of {args.repeats} run(s)\n"
     )
     print("| variant | ranks | samples/s | x TorchRec | x TorchRec, same ranks | peak RSS (GB) | eval AUC |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -350,7 +376,7 @@ def main() -> None:
         )
         print(
             f"| {name} | {ranks} | {r['samples_per_sec']:,.0f} | {ratio} | {same_ratio} | "
-            f"{r['peak_rss_gb']:.2f} | {r['auc']:.3f} |"
+            f"{r['peak_rss_gb']:.2f} | {r['auc']:.4f} |"
         )
 
 
