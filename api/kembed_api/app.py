@@ -88,7 +88,7 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
             intake.stop()
             dispatcher.stop()
             forecasts.close()
-            db.dispose()
+            await db.aclose()
 
     app = FastAPI(
         title="kembed",

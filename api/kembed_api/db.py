@@ -11,8 +11,8 @@ from typing import TypeVar
 
 from alembic import command
 from alembic.config import Config
-from anyio import to_thread
 from sqlalchemy import DateTime, Engine, create_engine, event, text
+from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
@@ -86,6 +86,12 @@ class Database:
         else:
             # FastAPI runs sync routes on up to 40 threads; each holds at most one connection at a time.
             self.engine = create_engine(url, pool_size=20, max_overflow=30, pool_pre_ping=True)
+            # Polled reads (`read`) go through the driver's asyncio side, without a transaction: under READ
+            # COMMITTED each statement reads at its own moment anyway, and BEGIN and COMMIT would be two more
+            # round trips.
+            self._read_engine = create_async_engine(url, pool_size=10, max_overflow=30, pool_pre_ping=True,
+                                                    isolation_level="AUTOCOMMIT")
+            self._read_sessions = async_sessionmaker(self._read_engine, expire_on_commit=False)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self.engine.execution_options(kembed_write=True), expire_on_commit=False)
         # SQLite has one writer at a time. Waiting for its file lock means sleeping in SQLite's busy handler (up
@@ -109,20 +115,18 @@ class Database:
                 raise
 
     async def read(self, work: Callable[[Session], T]) -> T:
-        """`work(session)` in a read-only unit of work, for `async` routes that clients poll.
+        """`work(session)` in a read-only unit of work, for the `async` routes clients poll; no worker thread.
 
         SQLite runs inside this process: such a read is a few hundred microseconds of CPU and never waits for a
         writer (WAL), less than a trip to a worker thread and back costs in CPU and context switches, so it runs
-        right here on the event loop, and requests are answered in the order they came. A database over the
-        network (PostgreSQL) is read on a worker thread, where waiting for the server holds up no one.
+        right here on the event loop (in one transaction: one snapshot for all its statements). PostgreSQL is
+        read through the async driver, so waiting for the server holds up no one.
         """
         if self.is_sqlite:
-            return self._read(work)
-        return await to_thread.run_sync(self._read, work)
-
-    def _read(self, work: Callable[[Session], T]) -> T:
-        with self.session() as session:
-            return work(session)
+            with self._sessions() as session:
+                return work(session)
+        async with self._read_sessions() as session:
+            return await session.run_sync(work)
 
     def lock_for_dispatch(self, session: Session) -> None:
         """Serialise dispatcher passes across processes (SQLite's write lock already does, within its file)."""
@@ -130,6 +134,14 @@ class Database:
             session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DISPATCH_LOCK_KEY})
 
     def dispose(self) -> None:
+        """Close the connections (`aclose` inside an event loop, where the async reads' connections live)."""
+        self.engine.dispose()
+        if not self.is_sqlite:
+            self._read_engine.sync_engine.dispose(close=False)  # closing needs their event loop
+
+    async def aclose(self) -> None:
+        if not self.is_sqlite:
+            await self._read_engine.dispose()
         self.engine.dispose()
 
 
