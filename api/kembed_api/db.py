@@ -84,12 +84,14 @@ class Database:
             event.listen(self.engine, "connect", _sqlite_pragmas)
             event.listen(self.engine, "begin", _sqlite_begin)
         else:
-            # FastAPI runs sync routes on up to 40 threads; each holds at most one connection at a time.
-            self.engine = create_engine(url, pool_size=20, max_overflow=30, pool_pre_ping=True)
-            # Polled reads (`read`) go through the driver's asyncio side, without a transaction: under READ
-            # COMMITTED each statement reads at its own moment anyway, and BEGIN and COMMIT would be two more
-            # round trips.
-            self._read_engine = create_async_engine(url, pool_size=10, max_overflow=30, pool_pre_ping=True,
+            # Two pools per process, at most 50 connections (PostgreSQL's default max_connections is 100: two
+            # replicas). The sync one serves writers and sync routes (FastAPI runs those on up to 40 threads, each
+            # holding at most one connection at a time); the async one serves polled reads (`read`) through the
+            # driver's asyncio side, without a transaction: under READ COMMITTED each statement reads at its own
+            # moment anyway, and BEGIN and COMMIT would be two more round trips. Each pool keeps what a burst
+            # needs: a connection opened per request (a PostgreSQL backend process each) costs more than the read.
+            self.engine = create_engine(url, pool_size=10, max_overflow=15, pool_pre_ping=True)
+            self._read_engine = create_async_engine(url, pool_size=20, max_overflow=5, pool_pre_ping=True,
                                                     isolation_level="AUTOCOMMIT")
             self._read_sessions = async_sessionmaker(self._read_engine, expire_on_commit=False)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
