@@ -7,8 +7,10 @@ tenant has left, in every dimension at once.
 from __future__ import annotations
 
 import heapq
+import itertools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cached_property
 
 from kembed_api.spec import JobSpec
 
@@ -51,10 +53,13 @@ class Quota:
     max_running_jobs: int | None = None
     max_processes: int | None = None
 
-    def limits(self) -> list[tuple[str, float | None, str]]:
-        return [("gpus", self.gpus, "GPUs"), ("cpu", self.cpu, "CPU cores"),
-                ("memory_bytes", self.memory_bytes, "bytes of memory"), ("jobs", self.max_running_jobs, "running jobs"),
-                ("processes", self.max_processes, "trainer processes")]
+    @cached_property
+    def limits(self) -> tuple[tuple[str, float, str], ...]:
+        """(Demand field, limit, unit) of each limit that is set; computed once (forecasts check thousands)."""
+        every = (("gpus", self.gpus, "GPUs"), ("cpu", self.cpu, "CPU cores"),
+                 ("memory_bytes", self.memory_bytes, "bytes of memory"),
+                 ("jobs", self.max_running_jobs, "running jobs"), ("processes", self.max_processes, "trainer processes"))
+        return tuple((field, limit, unit) for field, limit, unit in every if limit is not None)
 
 
 _QUOTA_FIELD = {"gpus": "gpus", "cpu": "cpu", "memory_bytes": "memory_bytes", "jobs": "max_running_jobs",
@@ -63,8 +68,8 @@ _QUOTA_FIELD = {"gpus": "gpus", "cpu": "cpu", "memory_bytes": "memory_bytes", "j
 
 def shortfall(quota: Quota, *, used: Demand, demand: Demand) -> str | None:
     """None if `demand` fits beside `used`; else which limit it would break, in words."""
-    for field, limit, unit in quota.limits():
-        if limit is not None and getattr(used, field) + getattr(demand, field) > limit + 1e-9:
+    for field, limit, unit in quota.limits:
+        if getattr(used, field) + getattr(demand, field) > limit + 1e-9:
             return (f"quota.{_QUOTA_FIELD[field]}: needs {getattr(demand, field):g} {unit}, "
                     f"{max(0, limit - getattr(used, field)):g} of {limit:g} free")
     return None
@@ -72,8 +77,8 @@ def shortfall(quota: Quota, *, used: Demand, demand: Demand) -> str | None:
 
 def never_fits(quota: Quota, demand: Demand) -> str | None:
     """Why a job could not run even on an idle tenant (then it must be refused, not queued forever)."""
-    for field, limit, unit in quota.limits():
-        if field not in ("jobs", "processes") and limit is not None and getattr(demand, field) > limit + 1e-9:
+    for field, limit, unit in quota.limits:
+        if field not in ("jobs", "processes") and getattr(demand, field) > limit + 1e-9:
             return (f"the job needs {getattr(demand, field):g} {unit} but the tenant's quota "
                     f"(quota.{_QUOTA_FIELD[field]}) is {limit:g}")
     if quota.max_running_jobs == 0:
@@ -104,24 +109,24 @@ def estimate_start_times(
     "unknown" beats a made-up time. Other tenants' queued jobs are not replayed (they may take capacity first).
     O(n log n) in the number of jobs: totals are kept as jobs come and go, ends are a heap.
     """
-    ends: list[tuple[datetime, int, RunningJob]] = []  # (end, tie-breaker, job) of jobs whose end is known
+    tiebreak = itertools.count()
+    ends: list[tuple[datetime, int, Demand, bool]] = []  # (end, tie-breaker, demand, own) of jobs whose end is known
     own, everyone = Demand(), Demand()
     for job in running:
         own, everyone = (own + job.demand if job.own else own), everyone + job.demand
         if job.ends_at is not None:
-            heapq.heappush(ends, (job.ends_at, id(job), job))
+            heapq.heappush(ends, (job.ends_at, next(tiebreak), job.demand, job.own))
 
     clock, starts = now, []
     for demand, duration in queued:
         while shortfall(quota, used=own, demand=demand) or shortfall(capacity, used=everyone, demand=demand):
             if not ends:  # only jobs of unknown duration hold what this one needs
                 return starts + [None] * (len(queued) - len(starts))
-            ended_at, _, ended = heapq.heappop(ends)
+            ended_at, _, ended, ended_own = heapq.heappop(ends)
             clock = max(clock, ended_at)
-            own, everyone = (own - ended.demand if ended.own else own), everyone - ended.demand
+            own, everyone = (own - ended if ended_own else own), everyone - ended
         starts.append(clock)
-        job = RunningJob(demand, clock + duration if duration is not None else None)
         own, everyone = own + demand, everyone + demand
-        if job.ends_at is not None:
-            heapq.heappush(ends, (job.ends_at, id(job), job))
+        if duration is not None:
+            heapq.heappush(ends, (clock + duration, next(tiebreak), demand, True))
     return starts
