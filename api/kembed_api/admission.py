@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -98,16 +99,17 @@ def estimate_start_times(
     quota: Quota,
     capacity: Quota,
     running: list[RunningJob],
-    queued: list[tuple[Demand, timedelta | None]],
+    queued: Iterable[tuple[Demand, timedelta | None]],
     now: datetime,
-) -> list[datetime | None]:
-    """When each of a tenant's queued jobs (in admission order) is expected to start, by replaying its queue.
+) -> list[datetime]:
+    """When the head of a tenant's queue (in admission order) is expected to start, by replaying the queue.
 
     Running jobs free their share when they are expected to end; a queued job starts when it fits both the
     tenant's quota and the backend's capacity, and is then expected to run for its estimated duration. Where an
-    estimate depends on a duration nobody can know yet, that job and every job behind it get None: an honest
-    "unknown" beats a made-up time. Other tenants' queued jobs are not replayed (they may take capacity first).
-    O(n log n) in the number of jobs: totals are kept as jobs come and go, ends are a heap.
+    estimate depends on a duration nobody can know yet, the replay stops: that job and every job behind it get
+    no estimate (an honest "unknown" beats a made-up time), so the list returned may be shorter than the queue,
+    and `queued` is read no further than needed. Other tenants' queued jobs are not replayed (they may take
+    capacity first). O(n log n) in the number of jobs: totals are kept as jobs come and go, ends are a heap.
     """
     tiebreak = itertools.count()
     ends: list[tuple[datetime, int, Demand, bool]] = []  # (end, tie-breaker, demand, own) of jobs whose end is known
@@ -121,7 +123,7 @@ def estimate_start_times(
     for demand, duration in queued:
         while shortfall(quota, used=own, demand=demand) or shortfall(capacity, used=everyone, demand=demand):
             if not ends:  # only jobs of unknown duration hold what this one needs
-                return starts + [None] * (len(queued) - len(starts))
+                return starts
             ended_at, _, ended, ended_own = heapq.heappop(ends)
             clock = max(clock, ended_at)
             own, everyone = (own - ended if ended_own else own), everyone - ended

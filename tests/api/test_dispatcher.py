@@ -220,3 +220,20 @@ def test_a_job_newer_than_the_forecast_waits_for_the_next_replay_of_the_queue(db
     position, start = read(second)
     assert position == 2 and start is not None and replays == [0.0, 1.0]
     forecasts.close()
+
+
+def test_a_forecast_places_every_queued_job_and_estimates_only_what_can_be_known(db):
+    """The replay stops at the first job that waits behind one of unknown duration; positions cover the queue."""
+    from kembed_api.admission import Quota
+
+    ids = [submit(db, make_spec(f"never-run-{i}")) for i in range(4)]  # no run of these names ever finished
+    urgent = submit(db, make_spec("urgent").with_priority(5))
+    with db.session() as session:
+        tenant = ensure_tenant(session, name="default")
+        forecast = service.queue_forecast(session, tenant=tenant, capacity=Quota(max_processes=2))
+        seqs = {job_id: service.get_job(session, tenant=tenant, job_id=job_id).seq for job_id in [urgent, *ids]}
+    placed = [forecast[seqs[job_id]] for job_id in [urgent, *ids]]
+    assert [position for position, _ in placed] == [1, 2, 3, 4, 5]
+    # two trainer processes fit at once (one each): the first two start now; the others wait for jobs nobody
+    # can say when will end
+    assert [start is not None for _, start in placed] == [True, True, False, False, False]

@@ -368,18 +368,32 @@ def _expected_end(*, started_at: datetime | None, step: int, total_steps: int, n
     return now + timedelta(seconds=elapsed * (total_steps - step) / step)
 
 
-def _last_durations(session: Session, *, tenant: Tenant, names: set[str]) -> dict[str, timedelta]:
-    """How long the latest successful run of each job name took: the guess for its next run."""
-    rows = session.execute(
-        select(Job.name, Job.started_at, Job.finished_at)
-        .where(Job.tenant_id == tenant.id, Job.state == JobState.SUCCEEDED, Job.name.in_(names))
-        .order_by(Job.seq)
-    )
+def _last_durations(session: Session, *, tenant: Tenant) -> dict[str, timedelta]:
+    """How long the latest successful run of each name in the tenant's queue took: the guess for its next run."""
+    rows = session.execute(_LAST_RUNS, {"tenant_id": tenant.id})
     return {name: finished - started for name, started, finished in rows if started and finished}
 
 
 # What one job holds, as columns: queries that sum or replay the queue read only these.
 DEMAND_COLUMNS = (Job.gpus, Job.cpu, Job.memory_bytes, Job.processes)
+
+# The replay's statements (queue_forecast). The tenant's queue in admission order, from the index alone; then its
+# names and demands in the same order; the jobs holding resources now; the latest successful runs of the names
+# in the queue.
+_QUEUE_ORDER = (select(Job.seq).where(Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED)
+                .order_by(Job.priority.desc(), Job.seq))
+_QUEUE_DEMANDS = (select(Job.name, *DEMAND_COLUMNS)
+                  .where(Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED)
+                  .order_by(Job.priority.desc(), Job.seq))
+_ACTIVE_JOBS = (select(Job.tenant_id, Job.started_at, Job.step, Job.total_steps, *DEMAND_COLUMNS)
+                .where(Job.state.in_([s.value for s in ACTIVE_STATES])))
+_LAST_RUNS = (
+    select(Job.name, Job.started_at, Job.finished_at)
+    .where(Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.SUCCEEDED,
+           Job.name.in_(select(Job.name).where(Job.tenant_id == bindparam("tenant_id"),
+                                               Job.state == JobState.QUEUED).scalar_subquery()))
+    .order_by(Job.seq)
+)
 
 
 def demand_from_columns(gpus: int, cpu: float, memory_bytes: int, processes: int) -> Demand:
@@ -391,33 +405,32 @@ def queue_forecast(
 ) -> dict[int, tuple[int, datetime | None]]:
     """For QUEUED jobs of the tenant: (position in admission order, estimated start or None).
 
-    Reads columns, not whole rows; callers cache it (kembed_api.jobs.forecasts).
+    Positions come from the queue-order index alone; the replay reads the queue's rows only as far as it can
+    estimate (usually the head, up to the first job waiting behind one of unknown duration). Callers cache it
+    (kembed_api.jobs.forecasts).
     """
     now = now or utcnow()
-    queued = session.execute(
-        select(Job.seq, Job.name, *DEMAND_COLUMNS)
-        .where(Job.tenant_id == tenant.id, Job.state == JobState.QUEUED)
-        .order_by(Job.priority.desc(), Job.seq)
-    ).all()
-    if not queued:
+    order = session.scalars(_QUEUE_ORDER, {"tenant_id": tenant.id}).all()
+    if not order:
         return {}
-    active = session.execute(
-        select(Job.tenant_id, Job.started_at, Job.step, Job.total_steps, *DEMAND_COLUMNS)
-        .where(Job.state.in_([s.value for s in ACTIVE_STATES]))
-    )
+    active = session.execute(_ACTIVE_JOBS)
     running = [
         RunningJob(demand_from_columns(r.gpus, r.cpu, r.memory_bytes, r.processes),
                    _expected_end(started_at=r.started_at, step=r.step, total_steps=r.total_steps, now=now),
                    own=r.tenant_id == tenant.id)
         for r in active
     ]
-    durations = _last_durations(session, tenant=tenant, names={row.name for row in queued})
+    durations = _last_durations(session, tenant=tenant)
+    # Streamed a few hundred rows at a time: the replay usually stops long before the end of a long queue.
+    queued = session.execute(_QUEUE_DEMANDS, {"tenant_id": tenant.id}, execution_options={"yield_per": 256})
     starts = estimate_start_times(
-        quota=quota_of(tenant), capacity=capacity, running=running,
-        queued=[(demand_from_columns(r.gpus, r.cpu, r.memory_bytes, r.processes), durations.get(r.name)) for r in queued],
-        now=now,
+        quota=quota_of(tenant), capacity=capacity, running=running, now=now,
+        queued=((demand_from_columns(r.gpus, r.cpu, r.memory_bytes, r.processes), durations.get(r.name))
+                for r in queued),
     )
-    return {row.seq: (position, start) for position, (row, start) in enumerate(zip(queued, starts, strict=True), 1)}
+    queued.close()
+    return {seq: (position, starts[position - 1] if position <= len(starts) else None)
+            for position, seq in enumerate(order, 1)}
 
 
 def list_events(session: Session, *, job: Job) -> list[JobEventRead]:
