@@ -50,14 +50,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _wait_healthy(url: str, process: subprocess.Popen, deadline: float) -> None:
+def _wait_healthy(url: str, process: subprocess.Popen, log: Path, deadline: float) -> None:
     while True:
         try:
             httpx.get(f"{url}/healthz")
             return
         except httpx.HTTPError:
             if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError(f"the API server at {url} did not start") from None
+                why = f"exited with {process.returncode}" if process.poll() is not None else "is not up after 60 s"
+                raise RuntimeError(f"the API server at {url} {why}; its log ends:\n"
+                                   f"{log.read_text()[-2000:]}") from None
             time.sleep(0.2)
 
 
@@ -72,10 +74,11 @@ def api_servers(database_url: str | None, data_dir: Path, replicas: int = 1) -> 
     subprocess.run([sys.executable, "-m", "kembed_api.cli", "migrate"], env={**env, "KEMBED_DATA_DIR": str(data_dir)},
                    check=True, stdout=subprocess.DEVNULL)
     with contextlib.ExitStack() as stack:
-        urls, processes = [], []
+        urls, processes, logs = [], [], []
         for _ in range(replicas):
             port = free_port()
-            log = stack.enter_context(open(data_dir.parent / f"server-{port}.log", "w"))
+            logs.append(data_dir.parent / f"server-{port}.log")
+            log = stack.enter_context(open(logs[-1], "w"))
             process = stack.enter_context(subprocess.Popen(
                 [sys.executable, "-m", "kembed_api.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)],
                 env=env, stdout=subprocess.DEVNULL, stderr=log,
@@ -84,8 +87,8 @@ def api_servers(database_url: str | None, data_dir: Path, replicas: int = 1) -> 
             urls.append(f"http://127.0.0.1:{port}")
             processes.append(process)
         deadline = time.monotonic() + 60
-        for url, process in zip(urls, processes, strict=True):
-            _wait_healthy(url, process, deadline)
+        for url, process, log in zip(urls, processes, logs, strict=True):
+            _wait_healthy(url, process, log, deadline)
         yield urls, [p.pid for p in processes]
 
 

@@ -48,6 +48,7 @@ def _bootstrap(settings: Settings, db: Database) -> None:
     """The default tenant, and the first admin token: minted once, shown once, kept only as a 0600 file."""
     secret = settings.bootstrap_admin_token.get_secret_value() if settings.bootstrap_admin_token else None
     with db.session(write=True) as session:
+        db.lock_across_replicas(session)  # replicas starting together on a new database bootstrap one at a time
         tenant = ensure_tenant(session, name=settings.default_tenant)
         minted = ensure_bootstrap_token(session, tenant=tenant, secret=secret) if settings.auth else None
     if minted:

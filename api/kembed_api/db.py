@@ -65,8 +65,9 @@ def _sqlite_begin(connection) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
-# Held by a dispatcher pass, so that two API replicas on one PostgreSQL never admit at the same time.
-_DISPATCH_LOCK_KEY = 0x6B656D62  # "kemb"
+# Held by a dispatcher pass (so that two API replicas on one PostgreSQL never admit at the same time) and by the
+# start-up bootstrap (so that replicas starting together create the default tenant once).
+_REPLICAS_LOCK_KEY = 0x6B656D62  # "kemb"
 
 
 class Database:
@@ -130,10 +131,11 @@ class Database:
         async with self._read_sessions() as session:
             return await session.run_sync(work)
 
-    def lock_for_dispatch(self, session: Session) -> None:
-        """Serialise dispatcher passes across processes (SQLite's write lock already does, within its file)."""
+    def lock_across_replicas(self, session: Session) -> None:
+        """Serialise this transaction with every other one holding this lock, in any process (PostgreSQL's
+        advisory lock, released at commit; SQLite's write transaction already does it within its file)."""
         if not self.is_sqlite:
-            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DISPATCH_LOCK_KEY})
+            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _REPLICAS_LOCK_KEY})
 
     def dispose(self) -> None:
         """Close the connections (`aclose` inside an event loop, where the async reads' connections live)."""

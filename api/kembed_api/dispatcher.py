@@ -84,7 +84,7 @@ class Dispatcher:
     def recover(self) -> None:
         """On start: jobs that held an admission when the last server stopped resume from their checkpoint."""
         with self.db.session(write=True) as session:
-            self.db.lock_for_dispatch(session)
+            self.db.lock_across_replicas(session)
             for job in session.scalars(select(Job).where(Job.state.in_(_ACTIVE))):
                 if not job.backend_state or not self.backend.reclaim(job.id, job.backend_state):
                     continue  # not started yet, or its trainers live on (Kubernetes) and are followed as before
@@ -101,7 +101,7 @@ class Dispatcher:
     def run_once(self) -> None:
         self.backend.kill_overdue()
         with self.db.session(write=True) as session:
-            self.db.lock_for_dispatch(session)
+            self.db.lock_across_replicas(session)
             for job in session.scalars(select(Job).where(Job.state.in_(_ACTIVE))).all():
                 self._observe(session, job)
             if not self.admission_paused:

@@ -127,3 +127,32 @@ def test_concurrent_submissions_never_overfill_a_queue_and_one_key_stores_one_jo
         assert sorted(r.status_code for r in keyed) == [200] * 29 + [201]
         assert len({r.json()["id"] for r in keyed}) == 1
         assert len(httpx.get(f"{servers[0].url}/v1/jobs", headers=tokens["keyed"]).json()["items"]) == 1
+
+
+def test_replicas_starting_together_on_a_new_database_all_come_up(postgres_server, tmp_path):
+    """The first start of several replicas: each creates the default tenant and the bootstrap token unless they
+    exist; without a lock across replicas, all but one could fail on the tenant's unique name (a crash loop)."""
+    from kembed_api.app import _bootstrap
+    from kembed_api.db import Database, upgrade_to_head
+    from kembed_api.tenants.models import Tenant
+
+    replicas = 8
+    settings = Settings(data_dir=tmp_path, bootstrap_admin_token="kmb_the-one-from-a-secret")
+    for _ in range(5):  # a race: a few fresh databases make it all but certain to show
+        url = postgres_server.new_database()
+        upgrade_to_head(url)
+        databases = [Database(url) for _ in range(replicas)]
+        together = threading.Barrier(replicas)
+
+        def start(db, together=together) -> None:
+            with db.engine.connect():  # connected already, so that they reach the bootstrap together
+                pass
+            together.wait()
+            _bootstrap(settings, db)
+
+        with ThreadPoolExecutor(max_workers=replicas) as pool:
+            list(pool.map(start, databases))  # raises what any replica raised
+        with databases[0].session() as session:
+            assert session.scalar(select(func.count()).select_from(Tenant)) == 1
+        for db in databases:
+            db.dispose()
