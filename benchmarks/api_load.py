@@ -172,6 +172,11 @@ async def measure(urls: list[str], pids: list[int], *, submissions: int, reads: 
         read_rate, read_latency = await _run(reads, concurrency, read_job)
         read_cpu = (server_cpu() - cpu) / reads * 1000
         usage_rate, usage_latency = await _run(reads // 2, concurrency, read_usage)
+        # The machine's own pace: what the cheapest request (no database, no auth) costs a server. The shared
+        # machine's speed drifts by tens of percent over hours; compare runs by this too.
+        cpu = server_cpu()
+        await _run(reads, concurrency, lambda _: call("GET", "/healthz"))
+        healthz_cpu = (server_cpu() - cpu) / reads * 1000
     # The same reads at a steady offered rate, over a pool of connections that never runs short (`call` reads
     # `client` when it runs, so it uses this one).
     async with aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=256)) as client:
@@ -179,7 +184,7 @@ async def measure(urls: list[str], pids: list[int], *, submissions: int, reads: 
         paced_usage = await _run_at_rate(reads // 2, paced_rate, read_usage)
     return {
         "submissions/s": submit_rate, "submit p99 ms": _pct(submit_latency, 99),
-        "server CPU ms/submit": submit_cpu, "server CPU ms/GET": read_cpu,
+        "server CPU ms/submit": submit_cpu, "server CPU ms/GET": read_cpu, "server CPU ms/healthz": healthz_cpu,
         "GET job/s": read_rate, "GET job p50 ms": _pct(read_latency, 50), "GET job p99 ms": _pct(read_latency, 99),
         "usage p50 ms": _pct(usage_latency, 50), "usage p99 ms": _pct(usage_latency, 99),
         f"GET job p50 ms at {paced_rate:g}/s": _pct(paced_read, 50),
