@@ -4,13 +4,14 @@ A submission answered one transaction at a time costs its own BEGIN, tenant read
 COMMIT, plus a worker-thread trip, and on SQLite every writer waits for the one write lock anyway. Here the
 route hands the validated spec to the writer and awaits the outcome; the writer takes everything queued since
 its last commit (up to `max_batch`) and stores it with `service.submit_many`, a few statements for the whole
-batch. Alone, a submission is stored at once as before; under load, a batch waits at most one commit. An
-answer is only given after its commit, so a 201 always means the job is stored.
+batch. A lone submission is stored at once; under load, a submission waits at most for the commit before its
+own. An answer is only given after its commit, so a 201 always means the job is stored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -123,7 +124,8 @@ class Intake:
         for waiting, outcome in zip(batch, outcomes, strict=True):
             by_loop.setdefault(waiting.loop, []).append((waiting.future, outcome))
         for loop, answers in by_loop.items():  # one wake-up of each event loop per batch
-            loop.call_soon_threadsafe(_settle, answers)
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for these answers any more
+                loop.call_soon_threadsafe(_settle, answers)
 
 
 def _settle(answers: list[tuple[asyncio.Future, object]]) -> None:
