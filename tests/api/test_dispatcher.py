@@ -130,29 +130,6 @@ def test_after_a_server_restart_running_jobs_resume_and_queued_jobs_stay_queued(
         assert session.query(Job).filter_by(id=running).one().restart_count == 0
 
 
-def test_a_job_admitted_while_it_is_being_read_gets_no_estimated_start(postgres_server, backend):
-    """PostgreSQL reads each statement at its own moment: a job read as QUEUED may be gone from the queue by the
-    time its forecast is computed (this was a 500)."""
-    from kembed_api.db import Database, upgrade_to_head
-    from kembed_api.jobs.forecasts import Forecasts
-
-    url = postgres_server.new_database()
-    upgrade_to_head(url)
-    db = Database(url)
-    dispatcher = Dispatcher(db=db, backend=backend, public_url="http://127.0.0.1:1")
-    job_id = submit(db, make_spec("moving"))
-    with db.session() as session:
-        tenant = ensure_tenant(session, name="default")
-        read_as_queued = service.get_job(session, tenant=tenant, job_id=job_id)
-        dispatcher.run_once()  # meanwhile another transaction admits it
-        forecasts = Forecasts(db, capacity=backend.capacity)
-        forecasts.fresh(session, tenant=tenant)  # the forecast of when it was queued
-        position, start = forecasts.of_job(session, tenant=tenant, job=read_as_queued)
-    assert start is None and position >= 1
-    assert state_of(db, job_id)[0] is JobState.RUNNING
-    db.dispose()
-
-
 def test_an_expired_forecast_is_replayed_in_the_background_while_reads_answer_from_the_old_one(db, backend):
     import threading
 
@@ -168,18 +145,19 @@ def test_an_expired_forecast_is_replayed_in_the_background_while_reads_answer_fr
         return backend.capacity()
 
     forecasts = Forecasts(db, capacity=slow_capacity, ttl_s=1.0, clock=lambda: now[0])
+    with db.session() as session:
+        tenant = ensure_tenant(session, name="default")
+        seq = service.get_job(session, tenant=tenant, job_id=job_id).seq
 
-    def read(job_id: str = job_id) -> tuple[int, object]:
-        with db.session() as session:
-            tenant = ensure_tenant(session, name="default")
-            return forecasts.of_job(session, tenant=tenant, job=service.get_job(session, tenant=tenant, job_id=job_id))
+    def start() -> object:
+        return forecasts.start_of(tenant=tenant, job_seq=seq)
 
-    assert read() == (1, None)  # nothing replayed yet: no estimate, and the read did not wait for one
+    assert start() is None  # nothing replayed yet: no estimate, and the read did not wait for one
     forecasts.wait()
-    first = read()
-    assert first[1] is not None and replays == [0.0]
+    first = start()
+    assert first is not None and replays == [0.0]
     now[0] = 5.0  # it has expired: the next read starts one replay, and reads meanwhile answer from the old one
-    assert read() == first and read() == first
+    assert start() == first and start() == first
     while len(replays) < 2:
         time.sleep(0.01)
     assert replays == [0.0, 5.0]
@@ -203,10 +181,10 @@ def test_a_job_newer_than_the_forecast_waits_for_the_next_replay_of_the_queue(db
     def read(job_id: str) -> tuple[int, object]:
         with db.session() as session:
             tenant = ensure_tenant(session, name="default")
-            position_and_start = forecasts.of_job(session, tenant=tenant,
-                                                  job=service.get_job(session, tenant=tenant, job_id=job_id))
+            read = service.read_job(session, tenant=tenant, job_id=job_id,
+                                    estimated_start=lambda seq: forecasts.start_of(tenant=tenant, job_seq=seq))
         forecasts.wait()
-        return position_and_start
+        return read.queue_position, read.estimated_start_at
 
     first = submit(db, make_spec("first"))
     read(first)

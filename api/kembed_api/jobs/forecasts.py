@@ -1,8 +1,9 @@
 """Queue positions and estimated starts, cached per tenant and replayed in the background.
 
 Replaying a tenant's queue costs time in proportion to its length (tens of ms at thousands of jobs); reads of
-queued jobs come often (a CLI following a job polls every second). So a single job's read takes its position
-from an exact count and its estimated start from the tenant's cached forecast, which a thread of its own
+queued jobs come often (a CLI following a job polls every second). So a single job's read counts its position
+exactly (kembed_api.jobs.service.read_job) and takes its estimated start from the tenant's cached forecast,
+which a thread of its own
 replays when it is older than `ttl_s`, or older than `new_job_ttl_s` when the job asked about is newer than it;
 meanwhile reads answer from the old forecast (a job it does not know yet has no estimate until the replay is
 done). A start estimated seconds ago is as good as a fresh one, and no read ever waits for a replay. Lists
@@ -23,7 +24,6 @@ from sqlalchemy.orm import Session
 from kembed_api.admission import Quota
 from kembed_api.db import Database
 from kembed_api.jobs import service
-from kembed_api.jobs.models import Job
 from kembed_api.tenants.models import Tenant
 
 __all__ = ["Forecasts"]
@@ -50,17 +50,17 @@ class Forecasts:
             self._cache[tenant.id] = (self.clock(), forecast)
         return forecast
 
-    def of_job(self, session: Session, *, tenant: Tenant, job: Job) -> tuple[int, datetime | None]:
-        """A queued job's exact position, and its estimated start as of the latest replay (None if unknown)."""
+    def start_of(self, *, tenant: Tenant, job_seq: int) -> datetime | None:
+        """A queued job's estimated start as of the latest replay (None if unknown); never waits for a replay."""
         with self._lock:
             cached = self._cache.get(tenant.id)
             forecast = cached[1] if cached else {}
-            ttl = self.ttl_s if job.seq in forecast else self.new_job_ttl_s
+            ttl = self.ttl_s if job_seq in forecast else self.new_job_ttl_s
             if (cached is None or self.clock() - cached[0] >= ttl) and tenant.id not in self._replays:
                 self._replays[tenant.id] = self._replayer.submit(self._replay, tenant)
-        # Missing even from a fresh forecast: the job left the queue since it was read, so no start is estimated.
-        _, start = forecast.get(job.seq, (None, None))
-        return service.queue_position(session, job=job), start
+        # Missing even from a fresh forecast: the job left the queue since it was replayed.
+        _, start = forecast.get(job_seq, (None, None))
+        return start
 
     def wait(self) -> None:
         """Until the replays under way are done (tests; shutdown)."""

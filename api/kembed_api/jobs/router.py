@@ -24,8 +24,8 @@ _AUTH = {401: {"description": "Missing, invalid, expired or revoked token."},
          403: {"description": "The token's role may not do this (viewers only read)."}}
 
 
-def _forecast_of(session, principal, forecasts: Forecasts):
-    return lambda job: forecasts.of_job(session, tenant=principal.tenant, job=job)
+def _start_of(principal, forecasts: Forecasts):
+    return lambda job_seq: forecasts.start_of(tenant=principal.tenant, job_seq=job_seq)
 
 
 def _not_found(job_id: str) -> HTTPException:
@@ -89,7 +89,7 @@ def list_jobs(
 async def get_job(job_id: str, db: Db, principal: Reader, forecasts: QueueForecasts) -> Response:
     try:
         return ModelResponse(await db.read(lambda session: service.read_job(
-            session, tenant=principal.tenant, job_id=job_id, forecast=_forecast_of(session, principal, forecasts))))
+            session, tenant=principal.tenant, job_id=job_id, estimated_start=_start_of(principal, forecasts))))
     except service.JobNotFound:
         raise _not_found(job_id) from None
 
@@ -110,7 +110,7 @@ def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, fore
     request.app.state.dispatcher.wake()
     with db.session() as session:
         return ModelResponse(service.read_job(session, tenant=principal.tenant, job_id=job_id,
-                                              forecast=_forecast_of(session, principal, forecasts)),
+                                              estimated_start=_start_of(principal, forecasts)),
                              status_code=status.HTTP_202_ACCEPTED)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, tuple_
+from sqlalchemy import Row, bindparam, case, func, insert, select, tuple_
 from sqlalchemy.orm import Session
 
 from kembed_api.admission import Demand, Quota, RunningJob, estimate_start_times, never_fits
@@ -112,6 +112,22 @@ _QUEUED_AHEAD = select(
     + select(func.count()).where(Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED,
                                  Job.priority == bindparam("priority"), Job.seq < bindparam("seq")).scalar_subquery()
 )
+
+# What a poll of one job reads, in two Core statements (no ORM objects: a read only renders them): the job's row
+# with, for a queued job, the same two counts of the jobs ahead of it; then its events.
+_JOBS, _AHEAD = Job.__table__, Job.__table__.alias("ahead")
+_QUEUED_AHEAD_OF_ROW = (
+    select(func.count()).where(_AHEAD.c.tenant_id == _JOBS.c.tenant_id, _AHEAD.c.state == JobState.QUEUED,
+                               _AHEAD.c.priority > _JOBS.c.priority).correlate(_JOBS).scalar_subquery()
+    + select(func.count()).where(_AHEAD.c.tenant_id == _JOBS.c.tenant_id, _AHEAD.c.state == JobState.QUEUED,
+                                 _AHEAD.c.priority == _JOBS.c.priority,
+                                 _AHEAD.c.seq < _JOBS.c.seq).correlate(_JOBS).scalar_subquery()
+)
+_JOB_ROW_OF_TENANT = select(
+    _JOBS, case((_JOBS.c.state == JobState.QUEUED, _QUEUED_AHEAD_OF_ROW)).label("queued_ahead"),
+).where(_JOBS.c.id == bindparam("job_id"), _JOBS.c.tenant_id == bindparam("tenant_id"))
+_EVENT_ROWS_OF_JOB = (select(JobEvent.time, JobEvent.state, JobEvent.reason, JobEvent.message)
+                      .where(JobEvent.job_seq == bindparam("job_seq")).order_by(JobEvent.id))
 
 
 def _new_job_id(name: str) -> str:
@@ -449,9 +465,10 @@ def list_metrics(session: Session, *, job: Job, event: str | None = None, limit:
 
 
 def to_read(
-    job: Job, *, tenant_name: str, queue: tuple[int, datetime | None] | None = None,
+    job: Job | Row, *, tenant_name: str, queue: tuple[int, datetime | None] | None = None,
     events: list[JobEventRead] | None = None, spec: JobSpec | None = None,
 ) -> JobRead:
+    """The answer for a job: an ORM object, or a row of the jobs table (the same attribute names)."""
     total = job.total_steps
     spec = spec or JobSpec.model_validate(job.spec)
     return JobRead(
@@ -488,12 +505,16 @@ def queue_position(session: Session, *, job: Job) -> int:
 
 
 def read_job(
-    session: Session, *, tenant: Tenant, job_id: str, forecast: Callable[[Job], tuple[int, datetime | None] | None]
+    session: Session, *, tenant: Tenant, job_id: str, estimated_start: Callable[[int], datetime | None]
 ) -> JobRead:
-    """The job with its events; `forecast` gives a QUEUED job's position and estimated start."""
-    job = get_job(session, tenant=tenant, job_id=job_id)
-    queue = forecast(job) if job.state == JobState.QUEUED else None
-    return to_read(job, tenant_name=tenant.name, queue=queue, events=list_events(session, job=job))
+    """The job with its events, and a queued job's position; `estimated_start(seq)` of a queued job."""
+    row = session.execute(_JOB_ROW_OF_TENANT, {"job_id": job_id, "tenant_id": tenant.id}).one_or_none()
+    if row is None:
+        raise JobNotFound(job_id)
+    queue = (row.queued_ahead + 1, estimated_start(row.seq)) if row.state == JobState.QUEUED else None
+    events = [JobEventRead(time=e.time, state=JobState(e.state), reason=e.reason, message=e.message)
+              for e in session.execute(_EVENT_ROWS_OF_JOB, {"job_seq": row.seq})]
+    return to_read(row, tenant_name=tenant.name, queue=queue, events=events)
 
 
 def request_cancel(session: Session, *, tenant: Tenant, job_id: str, now: datetime | None = None) -> Job:
