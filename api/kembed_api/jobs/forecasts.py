@@ -3,11 +3,10 @@
 Replaying a tenant's queue costs time in proportion to its length (tens of ms at thousands of jobs); reads of
 queued jobs come often (a CLI following a job polls every second). So a single job's read counts its position
 exactly (kembed_api.jobs.service.read_job) and takes its estimated start from the tenant's cached forecast,
-which a thread of its own
-replays when it is older than `ttl_s`, or older than `new_job_ttl_s` when the job asked about is newer than it;
-meanwhile reads answer from the old forecast (a job it does not know yet has no estimate until the replay is
-done). A start estimated seconds ago is as good as a fresh one, and no read ever waits for a replay. Lists
-replay the forecast themselves (`fresh`).
+which a thread of its own replays when it is older than `ttl_s`, or older than `new_job_ttl_s` when the job
+asked about is newer than it; meanwhile reads answer from the old forecast (a job it does not know yet has no
+estimate until the replay is done). A start estimated seconds ago is as good as a fresh one, and no read ever
+waits for a replay. Lists replay the forecast themselves (`fresh`).
 """
 
 from __future__ import annotations
