@@ -48,7 +48,6 @@ __all__ = [
     "list_metrics",
     "new_report_token",
     "queue_forecast",
-    "queue_position",
     "read_job",
     "request_cancel",
     "Outcome",
@@ -103,18 +102,10 @@ _TENANT_BY_ID = select(Tenant).where(Tenant.id == bindparam("tenant_id"))
 _JOB_OF_TENANT = select(Job).where(Job.id == bindparam("job_id"), Job.tenant_id == bindparam("tenant_id"))
 _JOB_OF_TENANT_FOR_UPDATE = _JOB_OF_TENANT.with_for_update()
 _EVENTS_OF_JOB = select(JobEvent).where(JobEvent.job_seq == bindparam("job_seq")).order_by(JobEvent.id)
-# Queued jobs of the tenant admitted before a given one: higher priority, or the same priority and older. Two
-# counts, each a range of the queue-order index, so a count costs as much as the jobs ahead (an OR of the two
-# would walk the tenant's whole queue).
-_QUEUED_AHEAD = select(
-    select(func.count()).where(Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED,
-                               Job.priority > bindparam("priority")).scalar_subquery()
-    + select(func.count()).where(Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED,
-                                 Job.priority == bindparam("priority"), Job.seq < bindparam("seq")).scalar_subquery()
-)
-
 # What a poll of one job reads, in two Core statements (no ORM objects: a read only renders them): the job's row
-# with, for a queued job, the same two counts of the jobs ahead of it; then its events.
+# with, for a queued job, the count of queued jobs admitted before it (higher priority, or the same and older);
+# then its events. Two counts, each a range of the queue-order index, so a count costs as much as the jobs ahead
+# (an OR of the two would walk the tenant's whole queue).
 _JOBS, _AHEAD = Job.__table__, Job.__table__.alias("ahead")
 _QUEUED_AHEAD_OF_ROW = (
     select(func.count()).where(_AHEAD.c.tenant_id == _JOBS.c.tenant_id, _AHEAD.c.state == JobState.QUEUED,
@@ -311,9 +302,8 @@ def _new_job(spec: JobSpec, *, tenant: Tenant, checkpoint_root: str, now: dateti
 
 
 def _read_stored(session: Session, job: Job, *, tenant: Tenant) -> JobRead:
-    """The answer for a job already stored (a repeated Idempotency-Key): its events and current place in the queue."""
-    queue = (queue_position(session, job=job), None) if job.state == JobState.QUEUED else None
-    return to_read(job, tenant_name=tenant.name, queue=queue, events=list_events(session, job=job))
+    """The answer for a job already stored (a repeated Idempotency-Key): as a read of it answers."""
+    return read_job(session, tenant=tenant, job_id=job.id, estimated_start=lambda _: None)
 
 
 def _check_can_run(spec: JobSpec, *, tenant: Tenant) -> None:
@@ -496,12 +486,6 @@ def to_read(
         spec=spec,
         events=events or [],
     )
-
-
-def queue_position(session: Session, *, job: Job) -> int:
-    """1 + the tenant's queued jobs admitted before this one (higher priority, or same priority and older)."""
-    ahead = session.scalar(_QUEUED_AHEAD, {"tenant_id": job.tenant_id, "priority": job.priority, "seq": job.seq})
-    return (ahead or 0) + 1
 
 
 def read_job(
