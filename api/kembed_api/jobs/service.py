@@ -98,10 +98,8 @@ class QueueFull(RuntimeError):
 
 # Statements of the paths every read and submission takes, built once with bound parameters: building a select()
 # and its cache key on each call costs about as much CPU as SQLite takes to run it.
-_TENANT_BY_ID = select(Tenant).where(Tenant.id == bindparam("tenant_id"))
 _JOB_OF_TENANT = select(Job).where(Job.id == bindparam("job_id"), Job.tenant_id == bindparam("tenant_id"))
 _JOB_OF_TENANT_FOR_UPDATE = _JOB_OF_TENANT.with_for_update()
-_EVENTS_OF_JOB = select(JobEvent).where(JobEvent.job_seq == bindparam("job_seq")).order_by(JobEvent.id)
 # What a poll of one job reads, in two Core statements (no ORM objects: a read only renders them): the job's row
 # with, for a queued job, the count of queued jobs admitted before it (higher priority, or the same and older);
 # then its events. Two counts, each a range of the queue-order index, so a count costs as much as the jobs ahead
@@ -203,6 +201,7 @@ def submit_many(
     outcomes: list[Outcome | None] = [None] * len(submissions)
     new: list[tuple[int, Job, int]] = []  # (submission index, job, queued jobs of its priority ahead of it)
     first_with_key: dict[tuple[int, str], int] = {}  # a key repeated within the batch answers the first's job
+    repeats: list[tuple[int, int]] = []  # (submission index, index of the first with its key)
     taken_ids: set[str] = set()
     for i, submission in enumerate(submissions):
         tenant, key = tenants[submission.tenant_id], (submission.tenant_id, submission.idempotency_key)
@@ -210,7 +209,8 @@ def submit_many(
             outcomes[i] = (_read_stored(session, known[key], tenant=tenant), False)
             continue
         if key in first_with_key:
-            continue  # answered below, from the job the first submission with this key creates
+            repeats.append((i, first_with_key[key]))  # answered below, from the job the first one creates
+            continue
         try:
             job = _new_job(submission.spec, tenant=tenant, checkpoint_root=checkpoint_root, now=now,
                            idempotency_key=submission.idempotency_key, taken_ids=taken_ids)
@@ -243,11 +243,8 @@ def submit_many(
         tenant = tenants[job.tenant_id]
         events = [JobEventRead(time=now, state=JobState.QUEUED, reason=job.reason, message=job.message)]
         outcomes[i] = (to_read(job, tenant_name=tenant.name, queue=(ahead + 1, None), events=events), True)
-    for key, first in first_with_key.items():
-        read = outcomes[first][0]
-        for i, submission in enumerate(submissions):
-            if outcomes[i] is None and (submission.tenant_id, submission.idempotency_key) == key:
-                outcomes[i] = (read, False)
+    for i, first in repeats:
+        outcomes[i] = (outcomes[first][0], False)
     return outcomes
 
 
@@ -442,8 +439,8 @@ def queue_forecast(
             for position, seq in enumerate(order, 1)}
 
 
-def list_events(session: Session, *, job: Job) -> list[JobEventRead]:
-    events = session.scalars(_EVENTS_OF_JOB, {"job_seq": job.seq})
+def list_events(session: Session, *, job: Job | Row) -> list[JobEventRead]:
+    events = session.execute(_EVENT_ROWS_OF_JOB, {"job_seq": job.seq})
     return [JobEventRead(time=e.time, state=JobState(e.state), reason=e.reason, message=e.message) for e in events]
 
 
@@ -496,9 +493,7 @@ def read_job(
     if row is None:
         raise JobNotFound(job_id)
     queue = (row.queued_ahead + 1, estimated_start(row.seq)) if row.state == JobState.QUEUED else None
-    events = [JobEventRead(time=e.time, state=JobState(e.state), reason=e.reason, message=e.message)
-              for e in session.execute(_EVENT_ROWS_OF_JOB, {"job_seq": row.seq})]
-    return to_read(row, tenant_name=tenant.name, queue=queue, events=events)
+    return to_read(row, tenant_name=tenant.name, queue=queue, events=list_events(session, job=row))
 
 
 def request_cancel(session: Session, *, tenant: Tenant, job_id: str, now: datetime | None = None) -> Job:
