@@ -2,9 +2,9 @@
 
 They are all `async` and do no blocking I/O on a warm cache, so a request reaches its route without a trip
 through the worker threads; sync routes then open their own database session (`with db.session()`) in the one
-worker thread they run on, and the `async` routes clients poll read through `Database.read`. A session opened by a dependency would cost two more thread hops per request (enter
-and teardown), and a write lock released in a teardown would wait for a free worker thread while every worker
-waits for the lock.
+worker thread they run on, and the `async` routes clients poll read through `Database.read`. A session opened
+by a dependency would cost two more thread hops per request (enter and teardown), and a write lock released in
+a teardown would wait for a free worker thread while every worker waits for the lock.
 """
 
 from __future__ import annotations

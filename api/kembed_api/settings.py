@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from enum import StrEnum
-from functools import cached_property
 from pathlib import Path
 
 from pydantic import Field, SecretStr, model_validator
@@ -104,7 +103,7 @@ class Settings(BaseSettings):
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
         return f"http://{host}:{self.port}"
 
-    @cached_property  # read by every submission; the settings do not change once loaded
+    @property
     def resolved_checkpoint_root(self) -> str:
         return (self.checkpoint_root or (self.data_dir / "checkpoints").as_uri()).rstrip("/")
 

@@ -62,7 +62,7 @@ class Forecasts:
         return start
 
     def wait(self) -> None:
-        """Until the replays under way are done (tests; shutdown)."""
+        """Until the replays under way are done (tests)."""
         with self._lock:
             replays = list(self._replays.values())
         for replay in replays:
