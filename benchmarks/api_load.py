@@ -181,6 +181,9 @@ async def measure(urls: list[str], pids: list[int], *, submissions: int, reads: 
     # The same reads at a steady offered rate, over a pool of connections that never runs short (`call` reads
     # `client` when it runs, so it uses this one).
     async with aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=256)) as client:
+        # Polling clients keep their connections open: open some first, so the run does not start with a
+        # burst of connects queued behind each other.
+        await asyncio.gather(*(call("GET", "/healthz") for _ in range(2 * concurrency)))
         paced_read = await _run_at_rate(reads, paced_rate, read_job)
         paced_usage = await _run_at_rate(reads // 2, paced_rate, read_usage)
     return {

@@ -90,7 +90,7 @@ def bench_config(
 
 
 class CachedData:
-    """A few pre-generated batches, cycled, so data generation is not what is measured."""
+    """Batches generated before the clock starts, so data generation is not what is measured."""
 
     def __init__(self, source: SyntheticData, num_batches: int) -> None:
         self.batches = [source.train_batch(i) for i in range(num_batches)]
@@ -338,7 +338,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=55, help="training steps per variant (incl. warm-up)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=4096, help="per rank")
-    parser.add_argument("--num-batches", type=int, default=8, help="distinct pre-generated batches, cycled")
+    parser.add_argument(
+        "--num-batches",
+        type=int,
+        help="distinct pre-generated batches, cycled (default: one per step). With fewer than the steps the"
+        " model memorises them and eval AUC mostly measures the initial weights",
+    )
     parser.add_argument(
         "--seed", type=int, default=0, help="data and initial weights, the same for every variant"
     )
@@ -347,6 +352,7 @@ def main() -> None:
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.num_batches = args.num_batches or args.steps
     if args.worker:
         return worker(args)
     runs: dict[str, list[dict]] = {name: [] for name in args.variants.split(",")}

@@ -73,12 +73,7 @@ async def _principal(
                             headers={"WWW-Authenticate": "Bearer"})
     secret = credentials.credentials if settings.auth else None
     key = auth_service.hash_secret(secret) if secret else None
-    cache = request.app.state.principals
-    principal = cache.get(key)
-    if principal is None:
-        principal = await run_in_threadpool(_look_up, request, secret)
-        if principal is not None:
-            cache.put(key, principal)
+    principal = await request.app.state.principals.resolve(key, lambda: run_in_threadpool(_look_up, request, secret))
     if principal is None or (principal.expires_at is not None and principal.expires_at <= utcnow()):
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token",
                             headers={"WWW-Authenticate": "Bearer"})

@@ -20,6 +20,9 @@ class Job(Base):
         Index("ix_jobs_queue_order", "tenant_id", "state", "priority", "seq"),
         # GPU-hours of a tenant (the usage endpoint) from the index alone; queued jobs (not admitted) are skipped.
         Index("ix_jobs_gpu_time", "tenant_id", "admitted_at", "finished_at", "gpus"),
+        # Every dispatcher pass reads the active jobs and the queue of all tenants: without an index led by the
+        # state it read the whole table, finished jobs included, twice a second and on every submission.
+        Index("ix_jobs_state_order", "state", "priority", "seq"),
     )
 
     # `seq` orders the queue (FIFO within a priority) and pages lists; `id` is the public, DNS-safe name.

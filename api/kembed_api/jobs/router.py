@@ -88,8 +88,8 @@ def list_jobs(
 @router.get("/{job_id}", response_model=JobRead, responses={**_NOT_FOUND, **_AUTH}, summary="One job with its events")
 async def get_job(job_id: str, db: Db, principal: Reader, forecasts: QueueForecasts) -> Response:
     try:
-        return ModelResponse(await db.read(lambda session: service.read_job(
-            session, tenant=principal.tenant, job_id=job_id, estimated_start=_start_of(principal, forecasts))))
+        return ModelResponse(await db.read(lambda connection: service.read_job(
+            connection, tenant=principal.tenant, job_id=job_id, estimated_start=_start_of(principal, forecasts))))
     except service.JobNotFound:
         raise _not_found(job_id) from None
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from kembed_api.admission import Demand, Quota, RunningJob, estimate_start_times, never_fits
 from kembed_api.auth.service import hash_secret
-from kembed_api.db import utcnow
+from kembed_api.db import Executor, utcnow
 from kembed_api.estimates import table_memory_bytes_per_rank
 from kembed_api.jobs.models import Job, JobEvent, JobMetric
 from kembed_api.jobs.schemas import (
@@ -439,7 +439,7 @@ def queue_forecast(
             for position, seq in enumerate(order, 1)}
 
 
-def list_events(session: Session, *, job: Job | Row) -> list[JobEventRead]:
+def list_events(session: Executor, *, job: Job | Row) -> list[JobEventRead]:
     events = session.execute(_EVENT_ROWS_OF_JOB, {"job_seq": job.seq})
     return [JobEventRead(time=e.time, state=JobState(e.state), reason=e.reason, message=e.message) for e in events]
 
@@ -486,7 +486,7 @@ def to_read(
 
 
 def read_job(
-    session: Session, *, tenant: Tenant, job_id: str, estimated_start: Callable[[int], datetime | None]
+    session: Executor, *, tenant: Tenant, job_id: str, estimated_start: Callable[[int], datetime | None]
 ) -> JobRead:
     """The job with its events, and a queued job's position; `estimated_start(seq)` of a queued job."""
     row = session.execute(_JOB_ROW_OF_TENANT, {"job_id": job_id, "tenant_id": tenant.id}).one_or_none()

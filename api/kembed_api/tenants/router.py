@@ -94,7 +94,7 @@ def tenant_usage(name: str, db: Db, principal: Reader) -> Response:
 
 @router.get("/v1/usage", response_model=Usage, summary="The caller's tenant: quota, use, queue, GPU-hours")
 async def my_usage(db: Db, principal: Reader) -> Response:
-    return ModelResponse(await db.read(lambda session: service.usage(session, tenant=principal.tenant)))
+    return ModelResponse(await db.read(lambda connection: service.usage(connection, tenant=principal.tenant)))
 
 
 # ----------------------------------------------------------------------------------------------- tokens

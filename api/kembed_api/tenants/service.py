@@ -9,7 +9,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from kembed_api.admission import Quota
-from kembed_api.db import utcnow
+from kembed_api.db import Executor, utcnow
 from kembed_api.jobs.models import Job
 from kembed_api.spec import ACTIVE_STATES, JobState, parse_quantity
 from kembed_api.tenants.models import Tenant
@@ -98,7 +98,7 @@ _GPU_TIME = select(Job.gpus, Job.admitted_at, Job.finished_at).where(
 )
 
 
-def usage(session: Session, *, tenant: Tenant, now: datetime | None = None) -> Usage:
+def usage(session: Executor, *, tenant: Tenant, now: datetime | None = None) -> Usage:
     now = now or utcnow()
     running, gpus, cpu, memory = session.execute(_USED, {"tenant_id": tenant.id}).one()
     return Usage(
@@ -109,7 +109,7 @@ def usage(session: Session, *, tenant: Tenant, now: datetime | None = None) -> U
     )
 
 
-def _gpu_hours(session: Session, *, tenant: Tenant, since: datetime, now: datetime) -> float:
+def _gpu_hours(session: Executor, *, tenant: Tenant, since: datetime, now: datetime) -> float:
     """GPU-hours held from admission to finish (or now), clipped to the window."""
     seconds = 0.0
     for gpus, admitted_at, finished_at in session.execute(_GPU_TIME, {"tenant_id": tenant.id, "since": since}):
