@@ -133,14 +133,16 @@ class Database:
             with self.engine.connect() as connection, connection.begin():
                 return work(connection)
         try:
-            async with self._read_engine.connect() as connection:
-                return await connection.run_sync(work)
+            return await self._read_through_driver(work)
         except DBAPIError as error:
             # No ping before each read (a round trip per poll): a connection the server dropped (a restart, a
             # failover) fails its first statement instead, which invalidates the pool, and a read is safe to
             # run again on a fresh connection.
             if not error.connection_invalidated:
                 raise
+            return await self._read_through_driver(work)
+
+    async def _read_through_driver(self, work: Callable[[Connection], T]) -> T:
         async with self._read_engine.connect() as connection:
             return await connection.run_sync(work)
 
