@@ -74,7 +74,8 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
         metrics = Metrics(db)
         dispatcher = Dispatcher(db=db, backend=backend or _make_backend(settings),
                                 public_url=settings.resolved_public_url, interval_s=settings.dispatch_interval_s,
-                                metrics=metrics, admission_paused=settings.admission_paused)
+                                metrics=metrics, admission_paused=settings.admission_paused,
+                                leader_lock=settings.data_dir / "dispatcher.lock" if settings.workers > 1 else None)
         app.state.settings, app.state.db, app.state.metrics = settings, db, metrics
         app.state.dispatcher, app.state.backend = dispatcher, dispatcher.backend
         app.state.forecasts = forecasts = Forecasts(db, capacity=dispatcher.backend.capacity)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -70,6 +72,35 @@ def _sqlite_begin(connection) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
+class _SqliteWriterLock:
+    """One SQLite writer at a time across threads and processes, handed over at once.
+
+    SQLite itself lets one writer in at a time, but a writer that finds the file locked sleeps in SQLite's busy
+    handler (up to 100 ms a try) instead of being woken when the lock is free. Writers therefore queue here
+    first: on a lock of this process, then on an exclusive `flock` of a file beside the database, which the
+    kernel hands to the next process the moment it is released (API worker processes, a CLI, a migration).
+    """
+
+    def __init__(self, database_path: str) -> None:
+        self._threads = threading.Lock()
+        self._fd = os.open(f"{database_path}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600)
+
+    def __enter__(self) -> None:
+        self._threads.acquire()
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)  # waits without the GIL
+        except BaseException:
+            self._threads.release()
+            raise
+
+    def __exit__(self, *_) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._threads.release()
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 # Held by a dispatcher pass (so that two API replicas on one PostgreSQL never admit at the same time) and by the
 # start-up bootstrap (so that replicas starting together create the default tenant once).
 _REPLICAS_LOCK_KEY = 0x6B656D62  # "kemb"
@@ -81,9 +112,11 @@ class Database:
     def __init__(self, url: str) -> None:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
+        self._write_lock: AbstractContextManager = nullcontext()
         if self.is_sqlite:
             path = url.split("///", 1)[-1]
-            if path and path != ":memory:":
+            on_disk = bool(path) and path != ":memory:"
+            if on_disk:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
             self.engine: Engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
                                                 pool_size=20, max_overflow=40)
@@ -100,10 +133,10 @@ class Database:
             self._read_engine = create_async_engine(url, pool_size=20, max_overflow=5, isolation_level="AUTOCOMMIT")
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self.engine.execution_options(kembed_write=True), expire_on_commit=False)
-        # SQLite has one writer at a time. Waiting for its file lock means sleeping in SQLite's busy handler (up
-        # to 100 ms a try), so writers of this process queue on a lock of our own, which hands over at once;
-        # the busy timeout is left for other processes (a CLI, a migration).
-        self._write_lock = threading.Lock() if self.is_sqlite else nullcontext()
+        if self.is_sqlite:
+            # SQLite has one writer at a time: writers queue on a lock that hands over at once (the busy
+            # timeout is left for writers that do not take it, such as Alembic's migrations).
+            self._write_lock = _SqliteWriterLock(path) if on_disk else threading.Lock()
 
     @contextmanager
     def session(self, *, write: bool = False) -> Iterator[Session]:
@@ -154,6 +187,7 @@ class Database:
 
     def dispose(self) -> None:
         """Close the connections (`aclose` inside an event loop, where the async reads' connections live)."""
+        self._close_write_lock()
         self.engine.dispose()
         if not self.is_sqlite:
             self._read_engine.sync_engine.dispose(close=False)  # closing needs their event loop
@@ -161,7 +195,13 @@ class Database:
     async def aclose(self) -> None:
         if not self.is_sqlite:
             await self._read_engine.dispose()
+        self._close_write_lock()
         self.engine.dispose()
+
+    def _close_write_lock(self) -> None:
+        if isinstance(self._write_lock, _SqliteWriterLock):
+            self._write_lock.close()
+            self._write_lock = threading.Lock()  # a late writer still gets one at a time within this process
 
 
 def upgrade_to_head(database_url: str) -> None:

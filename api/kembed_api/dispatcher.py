@@ -7,11 +7,14 @@ by step; `Dispatcher.start()` runs them in a thread, woken early by `wake()` (a 
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import threading
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -33,6 +36,33 @@ _ACTIVE = [s.value for s in ACTIVE_STATES]
 _COALESCE_S = 0.02
 
 
+class _Leadership:
+    """Which of the worker processes of one server dispatches: the one holding an exclusive `flock` of a file in
+    its data dir. The kernel lets go of it when that process ends, however it ends, and another worker takes
+    over on its next try (recovering the jobs the last one ran, as after a restart)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def held(self) -> bool:
+        """Whether this process leads, taking the lead if it is free (never waits)."""
+        if self._fd is None:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the last descriptor of the file lets go of its lock
+            self._fd = None
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -44,8 +74,13 @@ class Dispatcher:
         clock: Callable[[], datetime] = utcnow,
         metrics: Metrics | None = None,
         admission_paused: bool = False,
+        leader_lock: Path | None = None,
     ) -> None:
+        """`leader_lock`: a file that chooses the one dispatching process among several workers of a server
+        (`kembed serve --workers`); None when this process is the server's only one."""
         self.db, self.backend, self.public_url, self.metrics = db, backend, public_url, metrics
+        self._leadership = _Leadership(leader_lock) if leader_lock else None
+        self._recovered = False
         self.admission_paused = admission_paused
         self.interval_s, self.clock = interval_s, clock
         self._wake = threading.Event()
@@ -54,7 +89,8 @@ class Dispatcher:
 
     # ------------------------------------------------------------------------------------------- thread
     def start(self) -> None:
-        self.recover()
+        if self._leads():
+            self.recover()
         self._thread = threading.Thread(target=self._loop, name="kembed-dispatcher", daemon=True)
         self._thread.start()
 
@@ -68,13 +104,22 @@ class Dispatcher:
         if self._thread:
             self._thread.join()
         self.backend.shutdown()
+        if self._leadership:
+            self._leadership.release()
+
+    def _leads(self) -> bool:
+        return self._leadership is None or self._leadership.held()
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            try:
-                self.run_once()
-            except Exception:  # a bad pass must not end dispatching; the next pass retries
-                log.exception("dispatcher pass failed")
+            # A worker that does not lead only asks again each interval: the leader's passes admit its jobs.
+            if self._leads():
+                try:
+                    if not self._recovered:
+                        self.recover()
+                    self.run_once()
+                except Exception:  # a bad pass must not end dispatching; the next pass retries
+                    log.exception("dispatcher pass failed")
             if self._wake.wait(self.interval_s):
                 # Let a burst of submissions land first: one pass for many of them, not one pass each.
                 self._stopping.wait(_COALESCE_S)
@@ -97,6 +142,7 @@ class Dispatcher:
                 service.transition(session, job, JobState.RESTARTING, reason="ServerRestarted",
                                    message=f"the server restarted while the job ran; resuming from {where}",
                                    now=self.clock())
+        self._recovered = True
 
     def run_once(self) -> None:
         self.backend.kill_overdue()

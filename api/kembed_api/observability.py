@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
@@ -68,9 +70,15 @@ class Metrics:
     def __init__(self, db: Database) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_DatabaseCollector(db))
+        # Several worker processes (`kembed serve --workers`): the histogram's values live in files that every
+        # worker reads back, since only the worker that dispatches observes admissions.
+        shared = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if shared:
+            MultiProcessCollector(self.registry, path=shared)
         self.admission_wait = Histogram(
             "kembed_admission_wait_seconds", "Time from submission to admission.", ["tenant"],
-            buckets=(0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600), registry=self.registry,
+            buckets=(0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600),
+            registry=None if shared else self.registry,
         )
 
     def observe_admission(self, *, tenant: str, created_at: datetime, admitted_at: datetime) -> None:

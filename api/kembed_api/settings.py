@@ -80,6 +80,14 @@ class Settings(BaseSettings):
         description="Seconds a replica remembers what a token resolved to. A token revoked (or a quota changed) "
         "through another replica takes effect here within this time; 0 asks the database on every request.",
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="HTTP worker processes of `kembed serve`, sharing its port: more use more cores. One of them "
+        "at a time runs the dispatcher (a lock in data_dir chooses it); the others serve requests only, so a job "
+        "submitted through them is admitted on the dispatcher's next pass (dispatch_interval_s).",
+    )
     json_logs: bool = Field(False, description="Log one JSON object per line (for log collectors).")
     admission_paused: bool = Field(
         False,

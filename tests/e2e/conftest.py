@@ -17,8 +17,8 @@ from kembed_api.ports import free_port
 
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, *, slots: int = 2) -> None:
-        self.data_dir, self.slots = data_dir, slots
+    def __init__(self, data_dir: Path, *, slots: int = 2, workers: int = 1) -> None:
+        self.data_dir, self.slots, self.workers = data_dir, slots, workers
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
@@ -28,7 +28,7 @@ class ServerProcess:
         log = open(self.data_dir.parent / f"server-{self.port}.log", "ab")  # noqa: SIM115
         self.process = subprocess.Popen(
             [sys.executable, "-m", "kembed_api.cli", "serve", "--port", str(self.port),
-             "--data-dir", str(self.data_dir), "--slots", str(self.slots)],
+             "--data-dir", str(self.data_dir), "--slots", str(self.slots), "--workers", str(self.workers)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "KEMBED_STOP_GRACE_S": "60"},
         )
@@ -69,8 +69,8 @@ class ServerProcess:
 def start_server(tmp_path):
     servers: list[ServerProcess] = []
 
-    def start(data_dir: Path | None = None, *, slots: int = 2) -> ServerProcess:
-        server = ServerProcess(data_dir or tmp_path / "kembed", slots=slots).start()
+    def start(data_dir: Path | None = None, *, slots: int = 2, workers: int = 1) -> ServerProcess:
+        server = ServerProcess(data_dir or tmp_path / "kembed", slots=slots, workers=workers).start()
         servers.append(server)
         return server
 
