@@ -150,7 +150,7 @@ def test_an_expired_forecast_is_replayed_in_the_background_while_reads_answer_fr
         seq = service.get_job(session, tenant=tenant, job_id=job_id).seq
 
     def start() -> object:
-        return forecasts.start_of(tenant=tenant, job_seq=seq)
+        return forecasts.of(tenant=tenant, job_seq=seq, queue_version=0)[1]
 
     assert start() is None  # nothing replayed yet: no estimate, and the read did not wait for one
     forecasts.wait()
@@ -181,8 +181,8 @@ def test_a_job_newer_than_the_forecast_waits_for_the_next_replay_of_the_queue(db
     def read(job_id: str) -> tuple[int, object]:
         with db.session() as session:
             tenant = ensure_tenant(session, name="default")
-            read = service.read_job(session, tenant=tenant, job_id=job_id,
-                                    estimated_start=lambda seq: forecasts.start_of(tenant=tenant, job_seq=seq))
+            read = service.read_job(session, tenant=tenant, job_id=job_id, forecast=lambda seq, version: forecasts.of(
+                tenant=tenant, job_seq=seq, queue_version=version))
         forecasts.wait()
         return read.queue_position, read.estimated_start_at
 
@@ -200,6 +200,44 @@ def test_a_job_newer_than_the_forecast_waits_for_the_next_replay_of_the_queue(db
     forecasts.close()
 
 
+def test_a_read_takes_a_position_from_the_forecast_only_while_the_queue_has_not_moved(db, backend):
+    """Counting a position costs as much as the jobs ahead: a read takes it from the cached forecast instead, but
+    only while no job left the queue or went ahead in it since the replay; otherwise it counts."""
+    from sqlalchemy import event
+
+    from kembed_api.jobs.forecasts import Forecasts
+
+    forecasts = Forecasts(db, capacity=backend.capacity, ttl_s=3600, new_job_ttl_s=3600)
+    first, _, third = (submit(db, make_spec(name)) for name in ("first", "second", "third"))
+    counts: list[str] = []
+    event.listen(db.engine, "before_cursor_execute",
+                 lambda _c, _cur, statement, *_: counts.append(statement) if "count(" in statement else None)
+
+    def position(job_id: str) -> tuple[int, bool]:
+        """(queue position, whether the read counted it)"""
+        counts.clear()
+        with db.session() as session:
+            read = service.read_job(session, tenant=tenant, job_id=job_id, forecast=lambda seq, version: forecasts.of(
+                tenant=tenant, job_seq=seq, queue_version=version))
+        return read.queue_position, bool(counts)
+
+    with db.session() as session:
+        tenant = ensure_tenant(session, name="default")
+        forecasts.fresh(session, tenant=tenant)
+    assert position(third) == (3, False)
+    submit(db, make_spec("fourth"))  # joins behind: nobody ahead moved
+    assert position(third) == (3, False)
+    submit(db, make_spec("urgent").with_priority(5))  # goes ahead of the queue
+    assert position(third) == (4, True)
+    with db.session() as session:
+        forecasts.fresh(session, tenant=tenant)
+    assert position(third) == (4, False)
+    with db.session(write=True) as session:
+        service.request_cancel(session, tenant=tenant, job_id=first)  # leaves the queue
+    assert position(third) == (3, True)
+    forecasts.close()
+
+
 def test_a_forecast_places_every_queued_job_and_estimates_only_what_can_be_known(db):
     """The replay stops at the first job that waits behind one of unknown duration; positions cover the queue."""
     from kembed_api.admission import Quota
@@ -208,7 +246,7 @@ def test_a_forecast_places_every_queued_job_and_estimates_only_what_can_be_known
     urgent = submit(db, make_spec("urgent").with_priority(5))
     with db.session() as session:
         tenant = ensure_tenant(session, name="default")
-        forecast = service.queue_forecast(session, tenant=tenant, capacity=Quota(max_processes=2))
+        _, forecast = service.queue_forecast(session, tenant=tenant, capacity=Quota(max_processes=2))
         seqs = {job_id: service.get_job(session, tenant=tenant, job_id=job_id).seq for job_id in [urgent, *ids]}
     placed = [forecast[seqs[job_id]] for job_id in [urgent, *ids]]
     assert [position for position, _ in placed] == [1, 2, 3, 4, 5]

@@ -29,7 +29,7 @@ def test_a_batch_numbers_queue_positions_by_priority_then_age(db):
         ("low-1", 4, True), ("high-1", 1, True), ("low-2", 5, True), ("high-2", 2, True)]
     with db.session() as session:
         polled = {read.name: service.read_job(session, tenant=tenant, job_id=read.id,
-                                              estimated_start=lambda seq: None).queue_position
+                                              forecast=service.no_forecast).queue_position
                   for read, _ in outcomes}
     assert polled == {"low-1": 4, "high-1": 1, "low-2": 5, "high-2": 2}  # what a later read counts
 

@@ -1,12 +1,14 @@
 """Queue positions and estimated starts, cached per tenant and replayed in the background.
 
-Replaying a tenant's queue costs time in proportion to its length (tens of ms at thousands of jobs); reads of
-queued jobs come often (a CLI following a job polls every second). So a single job's read counts its position
-exactly (kembed_api.jobs.service.read_job) and takes its estimated start from the tenant's cached forecast,
-which a thread of its own replays when it is older than `ttl_s`, or older than `new_job_ttl_s` when the job
-asked about is newer than it; meanwhile reads answer from the old forecast (a job it does not know yet has no
-estimate until the replay is done). A start estimated seconds ago is as good as a fresh one, and no read ever
-waits for a replay. Lists replay the forecast themselves (`fresh`).
+Replaying a tenant's queue costs time in proportion to its length (tens of ms at thousands of jobs), and so
+does counting one job's position (the jobs ahead of it); reads of queued jobs come often (a CLI following a job
+polls every second). So a single job's read takes both from the tenant's cached forecast, which a thread of its
+own replays when it is older than `ttl_s`, or older than `new_job_ttl_s` when the job asked about is newer than
+it or the queue has moved since; meanwhile reads answer from the old forecast, and no read ever waits for a
+replay. A position is only taken from a forecast of the tenant's current queue version (which every change
+that moves queued jobs raises), so it is always exact; otherwise the read counts it (service.read_job). A start
+estimated seconds ago is as good as a fresh one (a job the forecast does not know yet has none until the replay
+is done). Lists replay the forecast themselves (`fresh`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = ["Forecasts"]
 log = logging.getLogger(__name__)
 
 Forecast = dict[int, tuple[int, datetime | None]]  # job seq -> (queue position, estimated start)
+_NOTHING: Forecast = {}
 
 
 class Forecasts:
@@ -37,29 +40,30 @@ class Forecasts:
                  new_job_ttl_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.db, self.capacity, self.clock = db, capacity, clock
         self.ttl_s, self.new_job_ttl_s = ttl_s, new_job_ttl_s
-        self._cache: dict[int, tuple[float, Forecast]] = {}
+        self._cache: dict[int, tuple[float, int, Forecast]] = {}  # tenant id -> (taken at, queue version, forecast)
         self._lock = threading.Lock()
         self._replays: dict[int, Future] = {}  # tenant id -> its replay under way
         self._replayer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kembed-forecasts")
 
     def fresh(self, session: Session, *, tenant: Tenant) -> Forecast:
         """Replay the tenant's queue now (and remember it)."""
-        forecast = service.queue_forecast(session, tenant=tenant, capacity=self.capacity())
+        version, forecast = service.queue_forecast(session, tenant=tenant, capacity=self.capacity())
         with self._lock:
-            self._cache[tenant.id] = (self.clock(), forecast)
+            self._cache[tenant.id] = (self.clock(), version, forecast)
         return forecast
 
-    def start_of(self, *, tenant: Tenant, job_seq: int) -> datetime | None:
-        """A queued job's estimated start as of the latest replay (None if unknown); never waits for a replay."""
+    def of(self, *, tenant: Tenant, job_seq: int, queue_version: int) -> tuple[int | None, datetime | None]:
+        """A queued job's (position, estimated start) as of the latest replay; the position only if the queue has
+        not moved since (`queue_version`: the tenant's, read with the job). Never waits for a replay."""
         with self._lock:
-            cached = self._cache.get(tenant.id)
-            forecast = cached[1] if cached else {}
-            ttl = self.ttl_s if job_seq in forecast else self.new_job_ttl_s
-            if (cached is None or self.clock() - cached[0] >= ttl) and tenant.id not in self._replays:
+            taken_at, version, forecast = self._cache.get(tenant.id, (None, None, _NOTHING))
+            current = version == queue_version
+            ttl = self.ttl_s if current and job_seq in forecast else self.new_job_ttl_s
+            if (taken_at is None or self.clock() - taken_at >= ttl) and tenant.id not in self._replays:
                 self._replays[tenant.id] = self._replayer.submit(self._replay, tenant)
         # Missing even from a fresh forecast: the job left the queue since it was replayed.
-        _, start = forecast.get(job_seq, (None, None))
-        return start
+        position, start = forecast.get(job_seq, (None, None))
+        return (position if current else None), start
 
     def wait(self) -> None:
         """Until the replays under way are done (tests)."""

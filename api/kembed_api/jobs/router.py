@@ -24,8 +24,9 @@ _AUTH = {401: {"description": "Missing, invalid, expired or revoked token."},
          403: {"description": "The token's role may not do this (viewers only read)."}}
 
 
-def _start_of(principal, forecasts: Forecasts):
-    return lambda job_seq: forecasts.start_of(tenant=principal.tenant, job_seq=job_seq)
+def _forecast_of(principal, forecasts: Forecasts):
+    return lambda job_seq, queue_version: forecasts.of(tenant=principal.tenant, job_seq=job_seq,
+                                                       queue_version=queue_version)
 
 
 def _not_found(job_id: str) -> HTTPException:
@@ -89,7 +90,7 @@ def list_jobs(
 async def get_job(job_id: str, db: Db, principal: Reader, forecasts: QueueForecasts) -> Response:
     try:
         return ModelResponse(await db.read(lambda connection: service.read_job(
-            connection, tenant=principal.tenant, job_id=job_id, estimated_start=_start_of(principal, forecasts))))
+            connection, tenant=principal.tenant, job_id=job_id, forecast=_forecast_of(principal, forecasts))))
     except service.JobNotFound:
         raise _not_found(job_id) from None
 
@@ -110,7 +111,7 @@ def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, fore
     request.app.state.dispatcher.wake()
     with db.session() as session:
         return ModelResponse(service.read_job(session, tenant=principal.tenant, job_id=job_id,
-                                              estimated_start=_start_of(principal, forecasts)),
+                                              forecast=_forecast_of(principal, forecasts)),
                              status_code=status.HTTP_202_ACCEPTED)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row, bindparam, case, func, insert, select, tuple_
+from sqlalchemy import Row, bindparam, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from kembed_api.admission import Demand, Quota, RunningJob, estimate_start_times, never_fits
@@ -47,6 +47,8 @@ __all__ = [
     "list_jobs",
     "list_metrics",
     "new_report_token",
+    "no_forecast",
+    "queue_changed",
     "queue_forecast",
     "read_job",
     "request_cancel",
@@ -100,21 +102,25 @@ class QueueFull(RuntimeError):
 # and its cache key on each call costs about as much CPU as SQLite takes to run it.
 _JOB_OF_TENANT = select(Job).where(Job.id == bindparam("job_id"), Job.tenant_id == bindparam("tenant_id"))
 _JOB_OF_TENANT_FOR_UPDATE = _JOB_OF_TENANT.with_for_update()
-# What a poll of one job reads, in two Core statements (no ORM objects: a read only renders them): the job's row
-# with, for a queued job, the count of queued jobs admitted before it (higher priority, or the same and older);
-# then its events. Two counts, each a range of the queue-order index, so a count costs as much as the jobs ahead
-# (an OR of the two would walk the tenant's whole queue).
-_JOBS, _AHEAD = Job.__table__, Job.__table__.alias("ahead")
-_QUEUED_AHEAD_OF_ROW = (
-    select(func.count()).where(_AHEAD.c.tenant_id == _JOBS.c.tenant_id, _AHEAD.c.state == JobState.QUEUED,
-                               _AHEAD.c.priority > _JOBS.c.priority).correlate(_JOBS).scalar_subquery()
-    + select(func.count()).where(_AHEAD.c.tenant_id == _JOBS.c.tenant_id, _AHEAD.c.state == JobState.QUEUED,
-                                 _AHEAD.c.priority == _JOBS.c.priority,
-                                 _AHEAD.c.seq < _JOBS.c.seq).correlate(_JOBS).scalar_subquery()
+# What a poll of one job reads, in Core statements (no ORM objects: a read only renders them): the job's row with
+# its tenant's queue version, then its events. A queued job's position comes from the tenant's cached forecast
+# when that was taken at the same queue version; otherwise it is counted: the queued jobs admitted before it
+# (higher priority, or the same and older), two ranges of the queue-order index (an OR of the two would walk the
+# tenant's whole queue). A count costs as much as the jobs ahead, which is why it is the fallback.
+_JOBS, _TENANTS = Job.__table__, Tenant.__table__
+_JOB_ROW_OF_TENANT = (select(_JOBS, _TENANTS.c.queue_version).join(_TENANTS, _TENANTS.c.id == _JOBS.c.tenant_id)
+                      .where(_JOBS.c.id == bindparam("job_id"), _JOBS.c.tenant_id == bindparam("tenant_id")))
+_QUEUED_AHEAD = select(
+    select(func.count()).where(_JOBS.c.tenant_id == bindparam("tenant_id"), _JOBS.c.state == JobState.QUEUED,
+                               _JOBS.c.priority > bindparam("priority")).scalar_subquery()
+    + select(func.count()).where(_JOBS.c.tenant_id == bindparam("tenant_id"), _JOBS.c.state == JobState.QUEUED,
+                                 _JOBS.c.priority == bindparam("priority"),
+                                 _JOBS.c.seq < bindparam("seq")).scalar_subquery()
 )
-_JOB_ROW_OF_TENANT = select(
-    _JOBS, case((_JOBS.c.state == JobState.QUEUED, _QUEUED_AHEAD_OF_ROW)).label("queued_ahead"),
-).where(_JOBS.c.id == bindparam("job_id"), _JOBS.c.tenant_id == bindparam("tenant_id"))
+# Core, not ORM: the version is read by statements of its own, and the tenant's settings are not what changed.
+_RAISE_QUEUE_VERSION = (update(_TENANTS).where(_TENANTS.c.id == bindparam("tenant_id"))
+                        .values(queue_version=_TENANTS.c.queue_version + 1, updated_at=_TENANTS.c.updated_at))
+_QUEUE_VERSION = select(_TENANTS.c.queue_version).where(_TENANTS.c.id == bindparam("tenant_id"))
 _EVENT_ROWS_OF_JOB = (select(JobEvent.time, JobEvent.state, JobEvent.reason, JobEvent.message)
                       .where(JobEvent.job_seq == bindparam("job_seq")).order_by(JobEvent.id))
 
@@ -142,6 +148,8 @@ def transition(
     if state not in _ALLOWED[current]:
         raise InvalidTransition(f"job {job.id}: {current} -> {state} is not allowed")
     now = now or utcnow()
+    if JobState.QUEUED in (current, state):
+        queue_changed(session, tenant_id=job.tenant_id)
     job.state, job.reason, job.message = state, reason, message
     if state is JobState.ADMITTED:
         job.admitted_at = now
@@ -150,6 +158,11 @@ def transition(
     elif state in TERMINAL_STATES:
         job.finished_at = now
     session.add(JobEvent(job_seq=job.seq, time=now, state=state, reason=reason, message=message))
+
+
+def queue_changed(session: Session, *, tenant_id: int) -> None:
+    """Jobs already in the tenant's queue moved: positions forecast before now no longer hold."""
+    session.execute(_RAISE_QUEUE_VERSION, {"tenant_id": tenant_id})
 
 
 @dataclass(frozen=True)
@@ -203,6 +216,7 @@ def submit_many(
     first_with_key: dict[tuple[int, str], int] = {}  # a key repeated within the batch answers the first's job
     repeats: list[tuple[int, int]] = []  # (submission index, index of the first with its key)
     taken_ids: set[str] = set()
+    moved: set[int] = set()  # tenants whose queued jobs a new one overtakes
     for i, submission in enumerate(submissions):
         tenant, key = tenants[submission.tenant_id], (submission.tenant_id, submission.idempotency_key)
         if key in known:
@@ -224,10 +238,14 @@ def submit_many(
                 f"{tenant.quota_max_queued_jobs}); retry when some have started")
             continue
         new.append((i, job, waiting[job.priority]))
+        if any(n for p, n in waiting.items() if p < job.priority):
+            moved.add(tenant.id)  # it goes ahead of jobs already waiting
         waiting[job.priority] += 1
         if submission.idempotency_key is not None:
             first_with_key[key] = i
 
+    for tenant_id in moved:
+        queue_changed(session, tenant_id=tenant_id)
     if new:
         rows = [{c: getattr(job, c) for c in _INSERTED_COLUMNS} for _, job, _ in new]
         for (_, job, _), seq in zip(new, session.scalars(_INSERT_JOBS, rows), strict=True):
@@ -300,7 +318,7 @@ def _new_job(spec: JobSpec, *, tenant: Tenant, checkpoint_root: str, now: dateti
 
 def _read_stored(session: Session, job: Job, *, tenant: Tenant) -> JobRead:
     """The answer for a job already stored (a repeated Idempotency-Key): as a read of it answers."""
-    return read_job(session, tenant=tenant, job_id=job.id, estimated_start=lambda _: None)
+    return read_job(session, tenant=tenant, job_id=job.id, forecast=no_forecast)
 
 
 def _check_can_run(spec: JobSpec, *, tenant: Tenant) -> None:
@@ -408,17 +426,19 @@ def demand_from_columns(gpus: int, cpu: float, memory_bytes: int, processes: int
 
 def queue_forecast(
     session: Session, *, tenant: Tenant, capacity: Quota, now: datetime | None = None
-) -> dict[int, tuple[int, datetime | None]]:
-    """For QUEUED jobs of the tenant: (position in admission order, estimated start or None).
+) -> tuple[int, dict[int, tuple[int, datetime | None]]]:
+    """The tenant's queue version, and for its QUEUED jobs: (position in admission order, estimated start or None).
 
     Positions come from the queue-order index alone; the replay reads the queue's rows only as far as it can
-    estimate (usually the head, up to the first job waiting behind one of unknown duration). Callers cache it
-    (kembed_api.jobs.forecasts).
+    estimate (usually the head, up to the first job waiting behind one of unknown duration). The version is read
+    first: a change committed meanwhile leaves positions newer than their version, which then go unused, never
+    older ones passed off as current. Callers cache it (kembed_api.jobs.forecasts).
     """
+    version = session.scalar(_QUEUE_VERSION, {"tenant_id": tenant.id})
     now = now or utcnow()
     order = session.scalars(_QUEUE_ORDER, {"tenant_id": tenant.id}).all()
     if not order:
-        return {}
+        return version, {}
     active = session.execute(_ACTIVE_JOBS)
     running = [
         RunningJob(demand_from_columns(r.gpus, r.cpu, r.memory_bytes, r.processes),
@@ -435,8 +455,8 @@ def queue_forecast(
                 for r in queued),
     )
     queued.close()
-    return {seq: (position, starts[position - 1] if position <= len(starts) else None)
-            for position, seq in enumerate(order, 1)}
+    return version, {seq: (position, starts[position - 1] if position <= len(starts) else None)
+                     for position, seq in enumerate(order, 1)}
 
 
 def list_events(session: Executor, *, job: Job | Row) -> list[JobEventRead]:
@@ -485,14 +505,30 @@ def to_read(
     )
 
 
+def no_forecast(_job_seq: int, _queue_version: int) -> tuple[None, None]:
+    """For read_job where no forecast is at hand: the position is counted, the start unknown."""
+    return None, None
+
+
 def read_job(
-    session: Executor, *, tenant: Tenant, job_id: str, estimated_start: Callable[[int], datetime | None]
+    session: Executor, *, tenant: Tenant, job_id: str,
+    forecast: Callable[[int, int], tuple[int | None, datetime | None]],
 ) -> JobRead:
-    """The job with its events, and a queued job's position; `estimated_start(seq)` of a queued job."""
+    """The job with its events, and a queued job's position and estimated start.
+
+    `forecast(seq, queue_version)` gives what the tenant's cached forecast knows of a queued job: its position
+    (None unless the forecast was taken at this queue version) and its estimated start (None if unknown).
+    """
     row = session.execute(_JOB_ROW_OF_TENANT, {"job_id": job_id, "tenant_id": tenant.id}).one_or_none()
     if row is None:
         raise JobNotFound(job_id)
-    queue = (row.queued_ahead + 1, estimated_start(row.seq)) if row.state == JobState.QUEUED else None
+    queue = None
+    if row.state == JobState.QUEUED:
+        position, start = forecast(row.seq, row.queue_version)
+        if position is None:
+            ahead = session.scalar(_QUEUED_AHEAD, {"tenant_id": tenant.id, "priority": row.priority, "seq": row.seq})
+            position = ahead + 1
+        queue = (position, start)
     return to_read(row, tenant_name=tenant.name, queue=queue, events=list_events(session, job=row))
 
 

@@ -25,3 +25,6 @@ class Tenant(Base):
     quota_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
     quota_max_running_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
     quota_max_queued_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
+    # Raised by every change that moves jobs already queued (one leaves the queue, or one joins ahead of them):
+    # a forecast of positions taken at the same version still holds (kembed_api.jobs.forecasts).
+    queue_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
