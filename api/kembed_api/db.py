@@ -19,13 +19,15 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
+from kembed_api.pg_reads import DriverReads
+
 __all__ = ["Base", "Database", "Executor", "UTCDateTime", "utcnow", "upgrade_to_head"]
 
 T = TypeVar("T")
 
-# What read-only service functions take: an ORM Session, or the bare Connection of `Database.read`; both
-# execute Core statements alike.
-Executor = Session | Connection
+# What read-only service functions take: an ORM Session, the bare Connection of `Database.read` on SQLite, or its
+# stand-in on PostgreSQL (kembed_api.pg_reads); all execute Core statements alike.
+Executor = Session | Connection | DriverReads
 
 
 def utcnow() -> datetime:
@@ -131,6 +133,7 @@ class Database:
             # needs: a connection opened per request (a PostgreSQL backend process each) costs more than the read.
             self.engine = create_engine(url, pool_size=10, max_overflow=15, pool_pre_ping=True)
             self._read_engine = create_async_engine(url, pool_size=20, max_overflow=5, isolation_level="AUTOCOMMIT")
+            self._read_statements: dict = {}  # compiled once each, for DriverReads
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self.engine.execution_options(kembed_write=True), expire_on_commit=False)
         if self.is_sqlite:
@@ -153,13 +156,14 @@ class Database:
                 session.rollback()
                 raise
 
-    async def read(self, work: Callable[[Connection], T]) -> T:
+    async def read(self, work: Callable[[Connection | DriverReads], T]) -> T:
         """`work(connection)` read-only, for the `async` routes clients poll; no worker thread, no ORM session.
 
         SQLite runs inside this process: such a read is a few hundred microseconds of CPU and never waits for a
         writer (WAL), less than a trip to a worker thread and back costs in CPU and context switches, so it runs
         right here on the event loop (in one transaction: one snapshot for all its statements). PostgreSQL is
-        read through the async driver, so waiting for the server holds up no one. A bare Connection: the ORM
+        read through the async driver, so waiting for the server holds up no one, on its cursor (DriverReads:
+        SQLAlchemy's execution layers cost more CPU than the read). A bare Connection on SQLite: the ORM
         Session's bookkeeping cost a third of a poll's database work, for Core statements that need none of it.
         """
         if self.is_sqlite:
@@ -175,9 +179,9 @@ class Database:
                 raise
             return await self._read_through_driver(work)
 
-    async def _read_through_driver(self, work: Callable[[Connection], T]) -> T:
+    async def _read_through_driver(self, work: Callable[[DriverReads], T]) -> T:
         async with self._read_engine.connect() as connection:
-            return await connection.run_sync(work)
+            return await connection.run_sync(lambda sync: work(DriverReads(sync, self._read_statements)))
 
     def lock_across_replicas(self, session: Session) -> None:
         """Serialise this transaction with every other one holding this lock, in any process (PostgreSQL's
