@@ -238,6 +238,30 @@ def test_a_read_takes_a_position_from_the_forecast_only_while_the_queue_has_not_
     forecasts.close()
 
 
+def test_the_tenants_queue_length_follows_every_change_to_its_queue(db, backend, dispatcher):
+    """The usage endpoint reads the queue's length from the tenant's row, kept by the changes themselves."""
+    from kembed_api.tenants.service import usage
+
+    def lengths() -> tuple[int, int]:
+        """(the tenant's own count, a count of its QUEUED jobs)"""
+        with db.session() as session:
+            tenant = ensure_tenant(session, name="default")
+            counted = session.query(Job).filter_by(tenant_id=tenant.id, state=JobState.QUEUED).count()
+            return usage(session, tenant=tenant).queued_jobs, counted
+
+    ids = [submit(db, make_spec(f"job-{i}").with_nodes(1, 2)) for i in range(5)]  # 4 slots: two run at once
+    assert lengths() == (5, 5)
+    dispatcher.run_once()
+    assert lengths() == (3, 3)
+    with db.session(write=True) as session:
+        service.request_cancel(session, tenant=ensure_tenant(session, name="default"), job_id=ids[-1])
+    assert lengths() == (2, 2)
+    submit(db, make_spec("urgent").with_nodes(1, 2).with_priority(5))
+    backend.finish(ids[0])
+    dispatcher.run_once()  # one ends, the urgent one takes its place
+    assert lengths() == (2, 2)
+
+
 def test_a_forecast_places_every_queued_job_and_estimates_only_what_can_be_known(db):
     """The replay stops at the first job that waits behind one of unknown duration; positions cover the queue."""
     from kembed_api.admission import Quota

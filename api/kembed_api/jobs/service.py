@@ -117,9 +117,12 @@ _QUEUED_AHEAD = select(
                                  _JOBS.c.priority == bindparam("priority"),
                                  _JOBS.c.seq < bindparam("seq")).scalar_subquery()
 )
-# Core, not ORM: the version is read by statements of its own, and the tenant's settings are not what changed.
-_RAISE_QUEUE_VERSION = (update(_TENANTS).where(_TENANTS.c.id == bindparam("tenant_id"))
-                        .values(queue_version=_TENANTS.c.queue_version + 1, updated_at=_TENANTS.c.updated_at))
+# The tenant's queue bookkeeping (kembed_api.tenants.models.Tenant.queue_version, .queued_jobs). Core, not ORM:
+# both are read by statements of their own, and the tenant's settings are not what changed.
+_COUNT_QUEUE_CHANGE = (update(_TENANTS).where(_TENANTS.c.id == bindparam("tenant_id"))
+                       .values(queue_version=_TENANTS.c.queue_version + bindparam("moved"),
+                               queued_jobs=_TENANTS.c.queued_jobs + bindparam("joined"),
+                               updated_at=_TENANTS.c.updated_at))
 _QUEUE_VERSION = select(_TENANTS.c.queue_version).where(_TENANTS.c.id == bindparam("tenant_id"))
 _EVENT_ROWS_OF_JOB = (select(JobEvent.time, JobEvent.state, JobEvent.reason, JobEvent.message)
                       .where(JobEvent.job_seq == bindparam("job_seq")).order_by(JobEvent.id))
@@ -148,8 +151,8 @@ def transition(
     if state not in _ALLOWED[current]:
         raise InvalidTransition(f"job {job.id}: {current} -> {state} is not allowed")
     now = now or utcnow()
-    if JobState.QUEUED in (current, state):
-        queue_changed(session, tenant_id=job.tenant_id)
+    if JobState.QUEUED in (current, state):  # left the queue, or back in it at its old place
+        queue_changed(session, tenant_id=job.tenant_id, joined=1 if state is JobState.QUEUED else -1, moved=True)
     job.state, job.reason, job.message = state, reason, message
     if state is JobState.ADMITTED:
         job.admitted_at = now
@@ -160,9 +163,10 @@ def transition(
     session.add(JobEvent(job_seq=job.seq, time=now, state=state, reason=reason, message=message))
 
 
-def queue_changed(session: Session, *, tenant_id: int) -> None:
-    """Jobs already in the tenant's queue moved: positions forecast before now no longer hold."""
-    session.execute(_RAISE_QUEUE_VERSION, {"tenant_id": tenant_id})
+def queue_changed(session: Session, *, tenant_id: int, joined: int, moved: bool) -> None:
+    """`joined` jobs more (or fewer) in the tenant's queue; `moved`: jobs already in it moved, so positions
+    forecast before now no longer hold."""
+    session.execute(_COUNT_QUEUE_CHANGE, {"tenant_id": tenant_id, "joined": joined, "moved": int(moved)})
 
 
 @dataclass(frozen=True)
@@ -244,8 +248,8 @@ def submit_many(
         if submission.idempotency_key is not None:
             first_with_key[key] = i
 
-    for tenant_id in moved:
-        queue_changed(session, tenant_id=tenant_id)
+    for tenant_id, joined in Counter(job.tenant_id for _, job, _ in new).items():
+        queue_changed(session, tenant_id=tenant_id, joined=joined, moved=tenant_id in moved)
     if new:
         rows = [{c: getattr(job, c) for c in _INSERTED_COLUMNS} for _, job, _ in new]
         for (_, job, _), seq in zip(new, session.scalars(_INSERT_JOBS, rows), strict=True):

@@ -25,6 +25,10 @@ class Tenant(Base):
     quota_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
     quota_max_running_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
     quota_max_queued_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
+    # The queue's bookkeeping, kept by kembed_api.jobs.service in the transactions that change it (each is a
+    # count of the tenant's queue otherwise, which costs as much as the queue is long).
     # Raised by every change that moves jobs already queued (one leaves the queue, or one joins ahead of them):
     # a forecast of positions taken at the same version still holds (kembed_api.jobs.forecasts).
     queue_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # QUEUED jobs now (the usage endpoint's queue length).
+    queued_jobs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from kembed_api.admission import Quota
 from kembed_api.db import Executor, utcnow
 from kembed_api.jobs.models import Job
-from kembed_api.spec import ACTIVE_STATES, JobState, parse_quantity
+from kembed_api.spec import ACTIVE_STATES, parse_quantity
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.schemas import QuotaSpec, TenantRead, Usage, UsageAmounts
 
@@ -86,13 +86,13 @@ def list_tenants(session: Session) -> list[Tenant]:
 
 
 # The usage endpoint's statements, built once with bound parameters: building them is most of its cost. The
-# queue is counted on its own, from the index alone (summing its columns would read every queued row).
-# (The active states as ORs, not an IN list: a list is expanded on each execution, which the driver-level reads
-# of kembed_api.pg_reads leave out.)
+# queue's length is the tenant's own count, not a count of its queue (as costly as the queue is long). The
+# active states are ORs, not an IN list: a list is expanded on each execution, which the driver-level reads of
+# kembed_api.pg_reads leave out.
 _USED = select(func.count(), func.coalesce(func.sum(Job.gpus), 0), func.coalesce(func.sum(Job.cpu), 0.0),
                func.coalesce(func.sum(Job.memory_bytes), 0)).where(
     Job.tenant_id == bindparam("tenant_id"), or_(*(Job.state == state for state in ACTIVE_STATES)))
-_QUEUED = select(func.count()).where(Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED)
+_QUEUED = select(Tenant.queued_jobs).where(Tenant.id == bindparam("tenant_id"))  # kept as the queue changes
 # Jobs that held GPUs at some time since `since`: admitted, not finished before it.
 _GPU_TIME = select(Job.gpus, Job.admitted_at, Job.finished_at).where(
     Job.tenant_id == bindparam("tenant_id"), Job.admitted_at.is_not(None),
