@@ -6,7 +6,7 @@ import base64
 import hmac
 import secrets
 import string
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -183,12 +183,46 @@ class Submission:
 Outcome = tuple[JobRead, bool] | CannotRun | QueueFull
 
 _JOBS_OF_KEYS = select(Job).where(tuple_(Job.tenant_id, Job.idempotency_key).in_(bindparam("keys", expanding=True)))
-_TENANTS_FOR_UPDATE = select(Tenant).where(Tenant.id.in_(bindparam("ids", expanding=True))).with_for_update()
-_QUEUED_BY_PRIORITY = (
-    select(Job.tenant_id, Job.priority, func.count())
-    .where(Job.tenant_id.in_(bindparam("ids", expanding=True)), Job.state == JobState.QUEUED)
-    .group_by(Job.tenant_id, Job.priority)
-)
+# The tenants' rows as they are now, also when the session holds them already (their queue lengths changed).
+_TENANTS_FOR_UPDATE = (select(Tenant).where(Tenant.id.in_(bindparam("ids", expanding=True))).with_for_update()
+                       .execution_options(populate_existing=True))
+_QUEUED_ABOVE = (select(Job.priority, func.count())
+                 .where(Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED,
+                        Job.priority > bindparam("priority")).group_by(Job.priority))
+_QUEUED_BELOW = select(func.count()).where(Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED,
+                                           Job.priority < bindparam("priority"))
+
+
+@dataclass
+class _Queue:
+    """What a batch needs to know of a tenant's queue. Its length is the tenant's own count; jobs are counted
+    by priority only where a new job can land (from the batch's lowest priority up) and, of the rest, only how
+    many there are. Usually every job has the same priority, and both counts are empty ranges of the
+    queue-order index: counting the queue itself would cost as much as it is long, on every batch."""
+
+    length: int
+    by_priority: Counter[int]  # queued jobs of each priority from the batch's lowest one up
+    below: int  # queued jobs of a lower priority than any of the batch's
+
+    @classmethod
+    def of(cls, session: Session, tenant: Tenant, lowest_priority: int) -> _Queue:
+        params = {"tenant_id": tenant.id, "priority": lowest_priority}
+        by_priority = Counter({priority: count for priority, count in session.execute(_QUEUED_ABOVE, params)})
+        below = session.scalar(_QUEUED_BELOW, params)
+        by_priority[lowest_priority] = tenant.queued_jobs - below - by_priority.total()
+        return cls(tenant.queued_jobs, by_priority, below)
+
+    def overtakes(self, priority: int) -> bool:
+        """Whether a new job of this priority goes ahead of jobs already queued."""
+        return self.below > 0 or any(n for p, n in self.by_priority.items() if p < priority)
+
+    def ahead(self, priority: int) -> int:
+        """Queued jobs of a higher priority than this one."""
+        return sum(n for p, n in self.by_priority.items() if p > priority)
+
+    def add(self, priority: int) -> None:
+        self.by_priority[priority] += 1
+        self.length += 1
 # Core inserts into the tables: the ORM's bulk insert would redo per statement what these rows already are (half
 # a millisecond of a batch's CPU).
 _INSERT_JOBS = insert(Job.__table__).returning(Job.__table__.c.seq, sort_by_parameter_order=True)
@@ -201,8 +235,8 @@ def submit_many(
     """Store QUEUED jobs, one outcome per submission in order; the caller commits (kembed_api.jobs.intake).
 
     A handful of statements serve the whole batch: the tenants (locked, so that concurrent batches of one tenant,
-    also from another replica, count its queue one at a time), the jobs of repeated Idempotency-Keys, the queue
-    lengths by priority, and two multi-row inserts. Job ids are random and not checked first: a clash with a
+    also from another replica, count its queue one at a time), the jobs of repeated Idempotency-Keys, what the
+    batch needs of each tenant's queue (`_Queue`), its new length, and two multi-row inserts. Job ids are random and not checked first: a clash with a
     stored id (or a concurrent request with the same key) fails the insert with IntegrityError, and the caller
     retries.
     """
@@ -211,9 +245,11 @@ def submit_many(
     tenants = {t.id: t for t in session.scalars(_TENANTS_FOR_UPDATE, {"ids": tenant_ids})}
     keys = list({(s.tenant_id, s.idempotency_key) for s in submissions if s.idempotency_key is not None})
     known = {(j.tenant_id, j.idempotency_key): j for j in session.scalars(_JOBS_OF_KEYS, {"keys": keys})} if keys else {}
-    queued: dict[int, Counter[int]] = defaultdict(Counter)  # tenant -> priority -> queued jobs
-    for tenant_id, priority, count in session.execute(_QUEUED_BY_PRIORITY, {"ids": tenant_ids}):
-        queued[tenant_id][priority] = count
+    lowest: dict[int, int] = {}
+    for submission in submissions:
+        lowest[submission.tenant_id] = min(lowest.get(submission.tenant_id, submission.spec.priority),
+                                           submission.spec.priority)
+    queues = {tenant_id: _Queue.of(session, tenants[tenant_id], priority) for tenant_id, priority in lowest.items()}
 
     outcomes: list[Outcome | None] = [None] * len(submissions)
     new: list[tuple[int, Job, int]] = []  # (submission index, job, queued jobs of its priority ahead of it)
@@ -235,16 +271,16 @@ def submit_many(
         except CannotRun as refused:
             outcomes[i] = refused
             continue
-        waiting = queued[tenant.id]
-        if tenant.quota_max_queued_jobs is not None and waiting.total() >= tenant.quota_max_queued_jobs:
+        queue = queues[tenant.id]
+        if tenant.quota_max_queued_jobs is not None and queue.length >= tenant.quota_max_queued_jobs:
             outcomes[i] = QueueFull(
-                f"tenant {tenant.name!r} already has {waiting.total()} queued jobs (quota.max_queued_jobs is "
+                f"tenant {tenant.name!r} already has {queue.length} queued jobs (quota.max_queued_jobs is "
                 f"{tenant.quota_max_queued_jobs}); retry when some have started")
             continue
-        new.append((i, job, waiting[job.priority]))
-        if any(n for p, n in waiting.items() if p < job.priority):
-            moved.add(tenant.id)  # it goes ahead of jobs already waiting
-        waiting[job.priority] += 1
+        new.append((i, job, queue.by_priority[job.priority]))
+        if queue.overtakes(job.priority):
+            moved.add(tenant.id)
+        queue.add(job.priority)
         if submission.idempotency_key is not None:
             first_with_key[key] = i
 
@@ -261,7 +297,7 @@ def submit_many(
     for i, job, same_priority_ahead in new:
         # Ahead of a new job: every queued job of a higher priority (this batch's included), and the older ones
         # of its own priority.
-        ahead = same_priority_ahead + sum(n for p, n in queued[job.tenant_id].items() if p > job.priority)
+        ahead = same_priority_ahead + queues[job.tenant_id].ahead(job.priority)
         tenant = tenants[job.tenant_id]
         events = [JobEventRead(time=now, state=JobState.QUEUED, reason=job.reason, message=job.message)]
         outcomes[i] = (to_read(job, tenant_name=tenant.name, queue=(ahead + 1, None), events=events), True)
