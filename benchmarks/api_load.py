@@ -179,12 +179,18 @@ async def measure(urls: list[str], pids: list[int], *, submissions: int, reads: 
         def server_cpu() -> float:
             return sum(cpu_seconds(pid) for pid in pids)
 
-        await _run(50, concurrency, submit)  # warm-up: connections, caches, the first calls of each code path
+        # Each path is warmed up before it is measured, as a server polled all day is: connections, caches,
+        # statements prepared per connection, the first replay of the queue's forecast (after a burst of 2,000
+        # submissions, the first reads cost up to ~100 ms: alone almost 1% of a 2,000-read run's latencies).
+        await _run(50, concurrency, submit)
         cpu = server_cpu()
         submit_rate, submit_latency = await _run(submissions, concurrency, submit)
-        submit_cpu, cpu = (server_cpu() - cpu) / submissions * 1000, server_cpu()
+        submit_cpu = (server_cpu() - cpu) / submissions * 1000
+        await _run(100, concurrency, read_job)
+        cpu = server_cpu()
         read_rate, read_latency = await _run(reads, concurrency, read_job)
         read_cpu = (server_cpu() - cpu) / reads * 1000
+        await _run(100, concurrency, read_usage)
         usage_rate, usage_latency = await _run(reads // 2, concurrency, read_usage)
         # The machine's own pace: what the cheapest request (no database, no auth) costs a server. The shared
         # machine's speed drifts by tens of percent over hours; compare runs by this too.
