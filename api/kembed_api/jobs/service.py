@@ -252,7 +252,7 @@ def submit_many(
     queues = {tenant_id: _Queue.of(session, tenants[tenant_id], priority) for tenant_id, priority in lowest.items()}
 
     outcomes: list[Outcome | None] = [None] * len(submissions)
-    new: list[tuple[int, Job, int]] = []  # (submission index, job, queued jobs of its priority ahead of it)
+    new: list[tuple[int, _NewJob, int]] = []  # (submission index, job, queued jobs of its priority ahead)
     first_with_key: dict[tuple[int, str], int] = {}  # a key repeated within the batch answers the first's job
     repeats: list[tuple[int, int]] = []  # (submission index, index of the first with its key)
     taken_ids: set[str] = set()
@@ -287,8 +287,7 @@ def submit_many(
     for tenant_id, joined in Counter(job.tenant_id for _, job, _ in new).items():
         queue_changed(session, tenant_id=tenant_id, joined=joined, moved=tenant_id in moved)
     if new:
-        rows = [{c: getattr(job, c) for c in _INSERTED_COLUMNS} for _, job, _ in new]
-        for (_, job, _), seq in zip(new, session.scalars(_INSERT_JOBS, rows), strict=True):
+        for (_, job, _), seq in zip(new, session.scalars(_INSERT_JOBS, [job.row for _, job, _ in new]), strict=True):
             job.seq = seq
         session.execute(_INSERT_EVENTS, [
             {"job_seq": job.seq, "time": now, "state": JobState.QUEUED, "reason": job.reason, "message": job.message}
@@ -300,7 +299,8 @@ def submit_many(
         ahead = same_priority_ahead + queues[job.tenant_id].ahead(job.priority)
         tenant = tenants[job.tenant_id]
         events = [JobEventRead(time=now, state=JobState.QUEUED, reason=job.reason, message=job.message)]
-        outcomes[i] = (to_read(job, tenant_name=tenant.name, queue=(ahead + 1, None), events=events), True)
+        outcomes[i] = (to_read(job, tenant_name=tenant.name, queue=(ahead + 1, None), events=events, spec=job.spec),
+                       True)
     for i, first in repeats:
         outcomes[i] = (outcomes[first][0], False)
     return outcomes
@@ -318,18 +318,26 @@ def submit(
     return outcome
 
 
-# Every column a new job row sets: a multi-row insert needs the same keys in each row, and the answer is built
-# from the same object without reading the row back.
-_JOB_COLUMNS = ("id", "tenant_id", "name", "spec", "priority", "gpus", "cpu", "memory_bytes", "processes",
-                "idempotency_key", "state", "reason", "message", "cancel_requested", "restart_count", "created_at",
-                "admitted_at", "started_at", "finished_at", "step", "total_steps", "metrics", "result",
-                "checkpoint_uri", "checkpoint_step", "backend_state", "report_token_hash")
-# A JSON column stores None as the JSON value null; `result` is left out so that it stays SQL NULL.
-_INSERTED_COLUMNS = tuple(c for c in _JOB_COLUMNS if c != "result")
+@dataclass
+class _NewJob:
+    """A job a submission becomes, before it is stored: the columns it is inserted with (`row`), and its spec as
+    stored (what its answer shows, validated once)."""
+
+    row: dict[str, Any]  # every column a new job sets (a multi-row insert needs the same keys in each row)
+    spec: JobSpec
+    seq: int | None = None
+    # Not in `row`: a JSON column stores None as the JSON value null; left out, `result` stays SQL NULL.
+    result: None = None
+
+    def __getattr__(self, column: str) -> Any:  # job.priority, ...: what to_read reads of a job
+        try:
+            return self.row[column]
+        except KeyError:
+            raise AttributeError(column) from None
 
 
 def _new_job(spec: JobSpec, *, tenant: Tenant, checkpoint_root: str, now: datetime, idempotency_key: str | None,
-             taken_ids: set[str]) -> Job:
+             taken_ids: set[str]) -> _NewJob:
     """The QUEUED job a valid submission becomes (not yet stored); raises CannotRun."""
     _check_can_run(spec, tenant=tenant)
     job_id = _new_job_id(spec.name)
@@ -337,23 +345,23 @@ def _new_job(spec: JobSpec, *, tenant: Tenant, checkpoint_root: str, now: dateti
         job_id = _new_job_id(spec.name)
     taken_ids.add(job_id)
     own_prefix = f"{checkpoint_root}/{tenant.name}/"
-    stored_spec = spec.model_dump(mode="json")
-    if spec.trainer.checkpoint.uri is None:
+    checkpoint = spec.trainer.checkpoint
+    if checkpoint.uri is None:
         # Checkpoints are namespaced by tenant so no tenant is ever handed another's path.
-        stored_spec["trainer"]["checkpoint"]["uri"] = f"{own_prefix}{job_id}"
-    elif spec.trainer.checkpoint.uri.startswith(f"{checkpoint_root}/") and not (
-            spec.trainer.checkpoint.uri.startswith(own_prefix)):
+        checkpoint = checkpoint.model_copy(update={"uri": f"{own_prefix}{job_id}"})
+        spec = spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"checkpoint": checkpoint})})
+    elif checkpoint.uri.startswith(f"{checkpoint_root}/") and not checkpoint.uri.startswith(own_prefix):
         raise CannotRun(f"trainer.checkpoint.uri: under the platform's checkpoint root a job may only use its "
                         f"tenant's folder {own_prefix}")
     demand = Demand.of(spec)
-    return Job(
-        id=job_id, tenant_id=tenant.id, name=spec.name, spec=stored_spec, priority=spec.priority,
+    return _NewJob(row=dict(
+        id=job_id, tenant_id=tenant.id, name=spec.name, spec=spec.model_dump(mode="json"), priority=spec.priority,
         gpus=demand.gpus, cpu=demand.cpu, memory_bytes=demand.memory_bytes, processes=demand.processes,
         idempotency_key=idempotency_key, state=JobState.QUEUED, reason="Submitted", message="waiting for admission",
         cancel_requested=False, restart_count=0, created_at=now, admitted_at=None, started_at=None,
-        finished_at=None, step=0, total_steps=spec.trainer.training.steps, metrics={}, result=None,
+        finished_at=None, step=0, total_steps=spec.trainer.training.steps, metrics={},
         checkpoint_uri=None, checkpoint_step=None, backend_state={}, report_token_hash=None,
-    )
+    ), spec=spec)
 
 
 def _read_stored(session: Session, job: Job, *, tenant: Tenant) -> JobRead:
