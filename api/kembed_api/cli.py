@@ -101,27 +101,10 @@ def serve(
                   + (f", {settings.workers} worker processes)" if settings.workers > 1 else ")"))
     if settings.workers == 1:
         uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
-        return
-    _prepare_workers(settings, overrides)
-    uvicorn.run("kembed_api.app:create_app", factory=True, workers=settings.workers, host=host, port=port,
-                log_level="warning")
+    else:
+        from kembed_api.workers import serve_workers
 
-
-def _prepare_workers(settings, overrides: dict[str, Any]) -> None:
-    """What worker processes need before they start: uvicorn starts each afresh, building its app from the
-    environment, so this command's options travel as KEMBED_ variables; the schema is migrated once here rather
-    than raced to by every worker; and metrics observed in one worker (admission waits, by the one that
-    dispatches) are shared through prometheus_client's multiprocess files, so any worker answers a scrape whole."""
-    from kembed_api.db import upgrade_to_head
-
-    given = {**overrides, "data_dir": settings.data_dir}
-    os.environ.update({f"KEMBED_{key.upper()}": str(value) for key, value in given.items()})
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    upgrade_to_head(settings.resolved_database_url)
-    metrics_dir = settings.data_dir / "worker-metrics"
-    shutil.rmtree(metrics_dir, ignore_errors=True)  # a previous run's values are not this one's
-    metrics_dir.mkdir()
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+        serve_workers(settings, overrides)
 
 
 @app.command()
