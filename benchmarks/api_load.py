@@ -1,18 +1,20 @@
 """API load: job submissions/s and read latency, the server in its own process(es), on SQLite and PostgreSQL.
 
     .venv/bin/python benchmarks/api_load.py [--submissions 2000] [--reads 2000] [--concurrency 16] [--paced-rate 300]
-                                            [--replicas 2]
+                                            [--replicas 2] [--workers 2]
 
 Each server is `kembed serve` with admission paused (KEMBED_ADMISSION_PAUSED), so the numbers are the API's
 own (validation, auth, database) and no trainer competes for the cores. SQLite is the embedded default: one
-process. PostgreSQL is how a cluster install runs: `--replicas` API processes on one database (the Helm chart's
-`api.replicas`), which the load spreads over as a Kubernetes Service would. The load comes from this process over
-loopback (asyncio + aiohttp, keep-alive: the cheapest client at hand, since it shares the machine's cores with the
-servers). Submissions and reads first run saturated (`--concurrency` requests always in flight: the most the
-servers answer, while latency is mostly the wait behind the others, by Little's law in-flight / rate), then the
-reads again at a steady `--paced-rate` (an open loop, as from many clients polling: the latency one request
-sees at that load). Prints one table, with the servers' own CPU time per request (from /proc: what a request
-costs, whatever else the machine runs); the targets are >= 500 submissions/s and a read p99 < 50 ms.
+process, then the same with `--workers` worker processes (`kembed serve --workers`). PostgreSQL is how a cluster
+install runs: `--replicas` API servers on one database (the Helm chart's `api.replicas`), which the load spreads
+over as a Kubernetes Service would. The load comes from this process over loopback (asyncio + aiohttp,
+keep-alive: the cheapest client at hand, since it shares the machine's cores with the servers). Submissions and
+reads first run saturated (`--concurrency` requests always in flight: the most the servers answer, while latency
+is mostly the wait behind the others, by Little's law in-flight / rate), then the reads again at a steady
+`--paced-rate` (an open loop, as from many clients polling: the latency one request sees at that load). Each
+path is warmed up first. Prints one table, with the servers' own CPU time per request (from /proc: what a
+request costs, whatever else the machine runs), ratios, and the targets (>= 500 submissions/s, read p99 < 50 ms)
+for each server.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def api_servers(database_url: str | None, data_dir: Path, replicas: int = 1,
             log = stack.enter_context(open(logs[-1], "w"))
             process = stack.enter_context(subprocess.Popen(
                 [sys.executable, "-m", "kembed_api.cli", "serve", "--port", str(port), "--data-dir", str(data_dir),
-                 "--workers", str(workers)],
+                 *(["--workers", str(workers)] if workers > 1 else [])],
                 env=env, stdout=subprocess.DEVNULL, stderr=log,
             ))
             stack.callback(process.terminate)  # runs before the Popen's own exit, which waits for it
@@ -227,14 +229,14 @@ def main() -> None:
     parser.add_argument("--paced-rate", type=float, default=300, help="Reads/s offered in the paced runs.")
     parser.add_argument("--replicas", type=int, default=2, help="API servers on PostgreSQL (SQLite runs one).")
     parser.add_argument("--workers", type=int, default=2,
-                        help="Worker processes of the second SQLite server (`kembed serve --workers`).")
+                        help="Worker processes of the second SQLite server (`kembed serve --workers`); 1: none.")
     args = parser.parse_args()
     load = dict(submissions=args.submissions, reads=args.reads, concurrency=args.concurrency,
                 paced_rate=args.paced_rate)
 
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for workers in (1, args.workers):
+        for workers in dict.fromkeys((1, args.workers)):  # `--workers 1`: the one-process server only
             with api_servers(None, Path(tmp) / f"sqlite-{workers}", workers=workers) as (urls, pids):
                 results["SQLite" if workers == 1 else f"SQLite, {workers} workers"] = asyncio.run(
                     measure(urls, pids, **load))
@@ -248,11 +250,13 @@ def main() -> None:
     print(f"machine load (1/5/15 min): {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores; "
           f"{args.concurrency} requests in flight, then reads paced at {args.paced_rate:g}/s; server CPU ms per "
           "request is what one request costs the server, whatever else runs")
-    one, more, postgres = (results[name] for name in names)
-    print(f"ratios: SQLite {args.workers} workers / 1: submissions/s {more['submissions/s'] / one['submissions/s']:.2f}, "
-          f"GET job/s {more['GET job/s'] / one['GET job/s']:.2f}; PostgreSQL x{args.replicas} / SQLite: "
-          f"submissions/s {postgres['submissions/s'] / one['submissions/s']:.2f}, "
-          f"GET job/s {postgres['GET job/s'] / one['GET job/s']:.2f}")
+    one, postgres = results["SQLite"], results[names[-1]]
+    ratios = {f"PostgreSQL x{args.replicas} / SQLite": postgres}
+    if args.workers > 1:
+        ratios[f"SQLite {args.workers} workers / 1"] = results[names[1]]
+    print("ratios: " + "; ".join(
+        f"{label}: submissions/s {row['submissions/s'] / one['submissions/s']:.2f}, "
+        f"GET job/s {row['GET job/s'] / one['GET job/s']:.2f}" for label, row in ratios.items()))
     paced = f" at {args.paced_rate:g}/s"
     for name, row in results.items():
         p99 = {kind: max(row[f"{what} p99 ms{kind}"] for what in ("GET job", "usage")) for kind in ("", paced)}

@@ -69,7 +69,7 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         upgrade_to_head(settings.resolved_database_url)
-        db = Database(settings.resolved_database_url)
+        db = Database(settings.resolved_database_url, processes=settings.workers)
         _bootstrap(settings, db)
         metrics = Metrics(db)
         dispatcher = Dispatcher(db=db, backend=backend or _make_backend(settings),

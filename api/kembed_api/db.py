@@ -109,9 +109,10 @@ _REPLICAS_LOCK_KEY = 0x6B656D62  # "kemb"
 
 
 class Database:
-    """One engine and session factories per process."""
+    """One engine and session factories per process; `processes`: the server's worker processes, which share
+    its PostgreSQL connections."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, processes: int = 1) -> None:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         self._write_lock: AbstractContextManager = nullcontext()
@@ -125,14 +126,18 @@ class Database:
             event.listen(self.engine, "connect", _sqlite_pragmas)
             event.listen(self.engine, "begin", _sqlite_begin)
         else:
-            # Two pools per process, at most 50 connections (PostgreSQL's default max_connections is 100: two
-            # replicas). The sync one serves writers and sync routes (FastAPI runs those on up to 40 threads, each
+            # Two pools per server, at most 50 connections (PostgreSQL's default max_connections is 100: two
+            # replicas), shared out among its worker processes (each takes its part of the requests). The sync one serves writers and sync routes (FastAPI runs those on up to 40 threads, each
             # holding at most one connection at a time); the async one serves polled reads (`read`) through the
             # driver's asyncio side, without a transaction: under READ COMMITTED each statement reads at its own
             # moment anyway, and BEGIN and COMMIT would be two more round trips. Each pool keeps what a burst
             # needs: a connection opened per request (a PostgreSQL backend process each) costs more than the read.
-            self.engine = create_engine(url, pool_size=10, max_overflow=15, pool_pre_ping=True)
-            self._read_engine = create_async_engine(url, pool_size=20, max_overflow=5, isolation_level="AUTOCOMMIT")
+            def part(connections: int) -> int:
+                return max(2, -(-connections // processes))
+
+            self.engine = create_engine(url, pool_size=part(10), max_overflow=part(15), pool_pre_ping=True)
+            self._read_engine = create_async_engine(url, pool_size=part(20), max_overflow=part(5),
+                                                    isolation_level="AUTOCOMMIT")
             self._read_statements: dict = {}  # compiled once each, for DriverReads
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self.engine.execution_options(kembed_write=True), expire_on_commit=False)
