@@ -127,8 +127,9 @@ class Database:
             event.listen(self.engine, "begin", _sqlite_begin)
         else:
             # Two pools per server, at most 50 connections (PostgreSQL's default max_connections is 100: two
-            # replicas), shared out among its worker processes (each takes its part of the requests). The sync one serves writers and sync routes (FastAPI runs those on up to 40 threads, each
-            # holding at most one connection at a time); the async one serves polled reads (`read`) through the
+            # replicas), shared out among its worker processes (each takes its part of the requests). The sync
+            # one serves writers and sync routes (FastAPI runs those on up to 40 threads, each holding at most
+            # one connection at a time); the async one serves polled reads (`read`) through the
             # driver's asyncio side, without a transaction: under READ COMMITTED each statement reads at its own
             # moment anyway, and BEGIN and COMMIT would be two more round trips. Each pool keeps what a burst
             # needs: a connection opened per request (a PostgreSQL backend process each) costs more than the read.

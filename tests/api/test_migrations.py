@@ -44,11 +44,10 @@ def test_upgrading_counts_the_queues_already_there(tmp_path):
                                 "(2, 'b', '2026-11-30')"))
         for seq, (tenant, state) in enumerate([(1, "QUEUED"), (1, "QUEUED"), (1, "RUNNING"), (2, "SUCCEEDED")], 1):
             connection.execute(text(
-                "INSERT INTO jobs (seq, id, tenant_id, name, spec, priority, gpus, cpu, memory_bytes, processes, state, "
-                "reason, message, cancel_requested, restart_count, created_at, step, total_steps, metrics, backend_state) "
-                "VALUES "
-                f"({seq}, 'job-{seq}', {tenant}, 'job', '{{}}', 0, 0, 1, 1, 1, '{state}', '', '', 0, 0, '2026-11-30', "
-                "0, 1, '{}', '{}')"))
+                "INSERT INTO jobs (seq, id, tenant_id, name, spec, priority, gpus, cpu, memory_bytes, processes, "
+                "state, reason, message, cancel_requested, restart_count, created_at, step, total_steps, metrics, "
+                f"backend_state) VALUES ({seq}, 'job-{seq}', {tenant}, 'job', '{{}}', 0, 0, 1, 1, 1, '{state}', "
+                "'', '', 0, 0, '2026-11-30', 0, 1, '{}', '{}')"))
     upgrade_to_head(url)
     with engine.connect() as connection:
         counts = dict(connection.execute(text("SELECT name, queued_jobs FROM tenants")).all())

@@ -33,8 +33,8 @@ def test_a_batch_numbers_queue_positions_by_priority_then_age(db):
                   for read, _ in outcomes}
     assert polled == {"low-1": 4, "high-1": 1, "low-2": 5, "high-2": 2}  # what a later read counts
     with db.session(write=True) as session:  # a batch that lands between the priorities already queued
-        (middle, _), (top, _) = service.submit_many(session, [_submission(tenant, "middle", 3),
-                                                               _submission(tenant, "top", 9)], checkpoint_root="file:///c")
+        (middle, _), (top, _) = service.submit_many(
+            session, [_submission(tenant, "middle", 3), _submission(tenant, "top", 9)], checkpoint_root="file:///c")
     assert (middle.queue_position, top.queue_position) == (4, 1)  # behind high-1 and high-2, ahead of old
 
 

@@ -223,6 +223,8 @@ class _Queue:
     def add(self, priority: int) -> None:
         self.by_priority[priority] += 1
         self.length += 1
+
+
 # Core inserts into the tables: the ORM's bulk insert would redo per statement what these rows already are (half
 # a millisecond of a batch's CPU).
 _INSERT_JOBS = insert(Job.__table__).returning(Job.__table__.c.seq, sort_by_parameter_order=True)
@@ -236,9 +238,9 @@ def submit_many(
 
     A handful of statements serve the whole batch: the tenants (locked, so that concurrent batches of one tenant,
     also from another replica, count its queue one at a time), the jobs of repeated Idempotency-Keys, what the
-    batch needs of each tenant's queue (`_Queue`), its new length, and two multi-row inserts. Job ids are random and not checked first: a clash with a
-    stored id (or a concurrent request with the same key) fails the insert with IntegrityError, and the caller
-    retries.
+    batch needs of each tenant's queue (`_Queue`) and its new length, and two multi-row inserts. Job ids are
+    random and not checked first: a clash with a stored id (or a concurrent request with the same key) fails the
+    insert with IntegrityError, and the caller retries.
     """
     now = now or utcnow()
     tenant_ids = list({s.tenant_id for s in submissions})
