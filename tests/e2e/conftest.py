@@ -91,3 +91,24 @@ def server(tmp_path_factory):
 def file_uri_path(uri: str) -> Path:
     assert uri.startswith("file://"), uri
     return Path(uri.removeprefix("file://"))
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie has ended
+    except OSError:
+        return False
+
+
+def trainer_pids(job_id: str) -> list[int]:
+    """The processes a job's trainers run in (found by the job id in their environment)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            if f"KEMBED_JOB_ID={job_id}".encode() in environ:
+                pids.append(int(entry))
+    return pids

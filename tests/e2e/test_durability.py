@@ -2,35 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import signal
-from pathlib import Path
 
 import pytest
 
 from tests.builders import make_spec
+from tests.e2e.conftest import alive, trainer_pids
 
 pytestmark = pytest.mark.slow
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie has ended
-    except OSError:
-        return False
-
-
-def _trainer_pids(job_id: str) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                environ = Path(f"/proc/{entry}/environ").read_bytes()
-            except OSError:
-                continue
-            if f"KEMBED_JOB_ID={job_id}".encode() in environ:
-                pids.append(int(entry))
-    return pids
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL], ids=["graceful-stop", "kill-9"])
@@ -41,16 +20,16 @@ def test_a_restart_resumes_the_running_job_and_runs_the_queued_one(start_server,
     server.wait_for(running["id"], lambda j: (j["checkpoint_step"] or 0) >= 40)
     assert server.client.job(queued["id"])["state"] == "QUEUED"
 
-    trainers = _trainer_pids(running["id"])
+    trainers = trainer_pids(running["id"])
     assert trainers
     server.stop(stop_signal)
     if stop_signal == signal.SIGTERM:
         # a graceful stop ends the trainers too, after their SIGTERM checkpoint
-        assert not any(_alive(pid) for pid in trainers)
+        assert not any(alive(pid) for pid in trainers)
 
     restarted = start_server(server.data_dir, slots=2)
     # after kill -9 the orphaned trainers are reclaimed (SIGTERM, checkpoint, exit) before the server serves
-    assert not any(_alive(pid) for pid in trainers)
+    assert not any(alive(pid) for pid in trainers)
     resumed = restarted.wait_terminal(running["id"], timeout=240)
     assert resumed["state"] == "SUCCEEDED", resumed["message"]
     reasons = [e["reason"] for e in resumed["events"]]

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.builders import make_spec
-from tests.e2e.test_durability import _alive, _trainer_pids
+from tests.e2e.conftest import alive, trainer_pids
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def test_when_the_dispatching_worker_dies_another_takes_over_and_the_job_resumes
     server = start_server(slots=2, workers=2)
     job = server.client.submit(make_spec("long").with_nodes(1, 2).with_steps(400, checkpoint_every=20).build())
     server.wait_for(job["id"], lambda j: (j["checkpoint_step"] or 0) >= 40)
-    leader, trainers = _dispatching_worker(server), _trainer_pids(job["id"])
+    leader, trainers = _dispatching_worker(server), trainer_pids(job["id"])
     assert leader is not None and trainers
 
     os.kill(leader, signal.SIGKILL)
@@ -62,5 +62,5 @@ def test_when_the_dispatching_worker_dies_another_takes_over_and_the_job_resumes
     assert done["state"] == "SUCCEEDED", done["message"]
     reasons = [e["reason"] for e in done["events"]]
     assert reasons == ["Submitted", "Admitted", "Started", "ServerRestarted", "Resumed", "Completed"]
-    assert not any(_alive(pid) for pid in trainers)  # the dead worker's trainers were reclaimed, not left running
+    assert not any(alive(pid) for pid in trainers)  # the dead worker's trainers were reclaimed, not left running
     assert server.process.poll() is None  # the server as a whole never went away
