@@ -12,11 +12,11 @@ import logging
 import os
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import select, update
+from sqlalchemy import Row, and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from kembed_api.admission import Demand, shortfall
@@ -75,13 +75,15 @@ class Dispatcher:
         metrics: Metrics | None = None,
         admission_paused: bool = False,
         leader_lock: Path | None = None,
+        queue_page: int = 256,
     ) -> None:
         """`leader_lock`: a file that chooses the one dispatching process among several workers of a server
-        (`kembed serve --workers`); None when this process is the server's only one."""
+        (`kembed serve --workers`); None when this process is the server's only one. `queue_page`: queued jobs
+        a pass reads at a time."""
         self.db, self.backend, self.public_url, self.metrics = db, backend, public_url, metrics
         self._leadership = _Leadership(leader_lock) if leader_lock else None
         self._recovered = False
-        self.admission_paused = admission_paused
+        self.admission_paused, self.queue_page = admission_paused, queue_page
         self.interval_s, self.clock = interval_s, clock
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -214,8 +216,10 @@ class Dispatcher:
         """Per-tenant queues, priority then FIFO; each admission all-or-nothing against quota and capacity.
 
         Within a tenant the head of the queue is never overtaken (a smaller job behind it waits too); across
-        tenants, one tenant's blocked head does not hold up the others. The queue is read as plain columns: a
-        long queue costs one cheap query per pass, not thousands of objects.
+        tenants, one tenant's blocked head does not hold up the others. So once every tenant with jobs waiting
+        (their own count, kept with the queue) has its head blocked, nothing further can be admitted, and the pass
+        stops reading: the queue is read a page at a time, as plain columns, and a pass over a long queue that
+        cannot move reads one page, not the whole queue.
         """
         used_by_tenant: dict[int, Demand] = defaultdict(Demand)
         for tenant_id, *demand in session.execute(
@@ -224,13 +228,10 @@ class Dispatcher:
             used_by_tenant[tenant_id] += service.demand_from_columns(*demand)
         used_everywhere = sum(used_by_tenant.values(), Demand())
         capacity = self.backend.capacity()
-        tenants = {t.id: t for t in session.scalars(select(Tenant))}
+        tenants = {t.id: t for t in session.scalars(select(Tenant).execution_options(populate_existing=True))}
+        waiting = {t.id for t in tenants.values() if t.queued_jobs}
         blocked: set[int] = set()
-        queued = session.execute(
-            select(Job.seq, Job.tenant_id, Job.message, *service.DEMAND_COLUMNS)
-            .where(Job.state == JobState.QUEUED).order_by(Job.priority.desc(), Job.seq)
-        ).all()
-        for seq, tenant_id, message, *columns in queued:
+        for seq, _, tenant_id, message, *columns in self._queue_in_admission_order(session):
             if tenant_id in blocked:
                 continue
             demand = service.demand_from_columns(*columns)
@@ -240,6 +241,8 @@ class Dispatcher:
                 blocked.add(tenant_id)
                 if message != f"waiting for {why}":  # say why it waits, without an event per pass
                     session.execute(update(Job).where(Job.seq == seq).values(message=f"waiting for {why}"))
+                if waiting <= blocked:
+                    break  # (a tenant whose first job came after it was counted: its submission wakes a pass)
                 continue
             job = session.get(Job, seq)
             service.transition(session, job, JobState.ADMITTED, reason="Admitted",
@@ -250,3 +253,17 @@ class Dispatcher:
             used_by_tenant[tenant_id] += demand
             used_everywhere += demand
             self._launch(session, job)
+
+    def _queue_in_admission_order(self, session: Session) -> Iterator[Row]:
+        """Queued jobs, higher priority first, then oldest first, `queue_page` at a time. Jobs admitted meanwhile
+        are before the page mark, so a later page skips none."""
+        query = (select(Job.seq, Job.priority, Job.tenant_id, Job.message, *service.DEMAND_COLUMNS)
+                 .where(Job.state == JobState.QUEUED).order_by(Job.priority.desc(), Job.seq).limit(self.queue_page))
+        page = session.execute(query).all()
+        while True:
+            yield from page
+            if len(page) < self.queue_page:
+                return
+            last = page[-1]
+            page = session.execute(query.where(or_(
+                Job.priority < last.priority, and_(Job.priority == last.priority, Job.seq > last.seq)))).all()

@@ -67,6 +67,32 @@ def test_the_head_of_the_queue_is_never_overtaken_by_a_smaller_job(db, backend, 
     assert state_of(db, big)[0] is JobState.QUEUED and state_of(db, small)[0] is JobState.QUEUED
 
 
+def test_a_pass_reads_the_queue_a_page_at_a_time_and_stops_once_every_tenant_waits(db, backend):
+    """Jobs on later pages are reached; but once every tenant with jobs waiting has its head blocked, nothing
+    further can be admitted, and a long queue costs the pass no more pages."""
+    from sqlalchemy import event
+
+    dispatcher = Dispatcher(db=db, backend=backend, public_url="http://127.0.0.1:1", queue_page=2)
+
+    def submit_as(tenant_name: str, job_name: str) -> str:
+        with db.session() as session:
+            tenant = ensure_tenant(session, name=tenant_name)
+            tenant.quota_max_running_jobs = 1
+            job, _ = service.submit(session, tenant=tenant, spec=JobSpec.model_validate(make_spec(job_name).build()),
+                                    checkpoint_root="file:///tmp/ckpt")
+            return job.id
+
+    b_jobs = [submit_as("b", f"b-{i}") for i in range(2)]
+    a_jobs = [submit_as("a", f"a-{i}") for i in range(8)]  # five pages of the queue in all
+    pages: list[str] = []
+    event.listen(db.engine, "before_cursor_execute", lambda _c, _cur, statement, *_: pages.append(statement)
+                 if "FROM jobs" in statement and "LIMIT" in statement else None)
+    dispatcher.run_once()
+    states = [state_of(db, job_id)[0] for job_id in [*b_jobs, *a_jobs]]
+    assert states == [JobState.RUNNING, JobState.QUEUED, JobState.RUNNING] + [JobState.QUEUED] * 7
+    assert len(pages) == 2  # b's jobs, then a's first two: both tenants wait for a running job to end
+
+
 def test_a_retryable_failure_restarts_the_gang_until_max_restarts(db, backend, dispatcher):
     job_id = submit(db, make_spec().with_max_restarts(1))
     dispatcher.run_once()
