@@ -102,9 +102,12 @@ def serve(
     if settings.workers == 1:
         uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
     else:
-        from kembed_api.workers import serve_workers
+        from kembed_api.workers import WorkersKeepDying, serve_workers
 
-        serve_workers(settings, overrides)
+        try:
+            serve_workers(settings, overrides)
+        except WorkersKeepDying as error:
+            _fail(error)
 
 
 @app.command()

@@ -19,6 +19,8 @@ import shutil
 import signal
 import socket
 import threading
+import time
+from collections import deque
 from typing import Any
 
 from kembed_api.settings import Settings
@@ -27,10 +29,18 @@ __all__ = ["serve_workers"]
 
 log = logging.getLogger(__name__)
 _CHECK_S = 0.5  # how often the supervisor looks for a dead worker
+# Workers that keep dying (a port taken, a database unreachable) would die again however often they are started:
+# this many deaths within the window stop the server, saying so.
+_DEATHS, _DEATHS_WINDOW_S = 5, 60.0
+
+
+class WorkersKeepDying(RuntimeError):
+    pass
 
 
 def serve_workers(settings: Settings, overrides: dict[str, Any]) -> None:
-    """Serve with `settings.workers` processes until SIGTERM or SIGINT; `overrides` are the command's options."""
+    """Serve with `settings.workers` processes until SIGTERM or SIGINT; `overrides` are the command's options.
+    Raises WorkersKeepDying when they do (their errors are in the log before)."""
     _prepare(settings, overrides)
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing of this one's state is shared
     stopping = threading.Event()
@@ -43,11 +53,22 @@ def serve_workers(settings: Settings, overrides: dict[str, Any]) -> None:
         return process
 
     workers = [start() for _ in range(settings.workers)]
+    deaths: deque[float] = deque(maxlen=_DEATHS)
     while not stopping.wait(_CHECK_S):
         for i, process in enumerate(workers):
-            if not process.is_alive():
-                log.warning("worker %s ended with %s; starting another", process.pid, process.exitcode)
-                workers[i] = start()
+            if process.is_alive():
+                continue
+            deaths.append(time.monotonic())
+            if len(deaths) == _DEATHS and deaths[-1] - deaths[0] < _DEATHS_WINDOW_S:
+                _stop(workers)
+                raise WorkersKeepDying(f"{_DEATHS} workers ended within {_DEATHS_WINDOW_S:g} s, the last with "
+                                       f"{process.exitcode}; see the errors above")
+            log.warning("worker %s ended with %s; starting another", process.pid, process.exitcode)
+            workers[i] = start()
+    _stop(workers)
+
+
+def _stop(workers: list[multiprocessing.Process]) -> None:
     for process in workers:
         if process.is_alive():
             # (After Ctrl-C the workers have their SIGINT already; uvicorn takes a SIGTERM after it as the same
