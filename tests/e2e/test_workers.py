@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -64,3 +67,17 @@ def test_when_the_dispatching_worker_dies_another_takes_over_and_the_job_resumes
     assert reasons == ["Submitted", "Admitted", "Started", "ServerRestarted", "Resumed", "Completed"]
     assert not any(alive(pid) for pid in trainers)  # the dead worker's trainers were reclaimed, not left running
     assert server.process.poll() is None  # the server as a whole never went away
+
+
+def test_workers_that_cannot_start_stop_the_server_saying_why(tmp_path):
+    """A port another program holds: every worker fails to bind it, and the server gives up instead of
+    starting them over and over."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = subprocess.run(
+            [sys.executable, "-m", "kembed_api.cli", "serve", "--port", str(taken.getsockname()[1]),
+             "--data-dir", str(tmp_path / "kembed"), "--workers", "2"],
+            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "workers ended within" in result.stdout and "Address already in use" in result.stderr
