@@ -125,14 +125,17 @@ class Database:
                                                 pool_size=20, max_overflow=40)
             event.listen(self.engine, "connect", _sqlite_pragmas)
             event.listen(self.engine, "begin", _sqlite_begin)
+            # SQLite has one writer at a time: writers queue on a lock that hands over at once (the busy
+            # timeout is left for writers that do not take it, such as Alembic's migrations).
+            self._write_lock = _SqliteWriterLock(path) if on_disk else threading.Lock()
         else:
             # Two pools per server, at most 50 connections (PostgreSQL's default max_connections is 100: two
             # replicas), shared out among its worker processes (each takes its part of the requests). The sync
             # one serves writers and sync routes (FastAPI runs those on up to 40 threads, each holding at most
-            # one connection at a time); the async one serves polled reads (`read`) through the
-            # driver's asyncio side, without a transaction: under READ COMMITTED each statement reads at its own
-            # moment anyway, and BEGIN and COMMIT would be two more round trips. Each pool keeps what a burst
-            # needs: a connection opened per request (a PostgreSQL backend process each) costs more than the read.
+            # one connection at a time); the async one serves polled reads (`read`) through the driver's asyncio
+            # side, without a transaction: under READ COMMITTED each statement reads at its own moment anyway,
+            # and BEGIN and COMMIT would be two more round trips. Each pool keeps what a burst needs: a
+            # connection opened per request (a PostgreSQL backend process each) costs more than the read.
             def part(connections: int) -> int:
                 return max(2, -(-connections // processes))
 
@@ -142,10 +145,6 @@ class Database:
             self._read_statements: dict = {}  # compiled once each, for DriverReads
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self.engine.execution_options(kembed_write=True), expire_on_commit=False)
-        if self.is_sqlite:
-            # SQLite has one writer at a time: writers queue on a lock that hands over at once (the busy
-            # timeout is left for writers that do not take it, such as Alembic's migrations).
-            self._write_lock = _SqliteWriterLock(path) if on_disk else threading.Lock()
 
     @contextmanager
     def session(self, *, write: bool = False) -> Iterator[Session]:

@@ -92,7 +92,7 @@ def list_tenants(session: Session) -> list[Tenant]:
 _USED = select(func.count(), func.coalesce(func.sum(Job.gpus), 0), func.coalesce(func.sum(Job.cpu), 0.0),
                func.coalesce(func.sum(Job.memory_bytes), 0)).where(
     Job.tenant_id == bindparam("tenant_id"), or_(*(Job.state == state for state in ACTIVE_STATES)))
-_QUEUED = select(Tenant.queued_jobs).where(Tenant.id == bindparam("tenant_id"))  # kept as the queue changes
+_QUEUE_LENGTH = select(Tenant.queued_jobs).where(Tenant.id == bindparam("tenant_id"))  # kept as the queue changes
 # Jobs that held GPUs at some time since `since`: admitted, not finished before it.
 _GPU_TIME = select(Job.gpus, Job.admitted_at, Job.finished_at).where(
     Job.tenant_id == bindparam("tenant_id"), Job.admitted_at.is_not(None),
@@ -106,7 +106,7 @@ def usage(session: Executor, *, tenant: Tenant, now: datetime | None = None) -> 
     return Usage(
         tenant=tenant.name, quota=_quota_spec(tenant),
         used=UsageAmounts(gpus=gpus, cpu=cpu, memory_bytes=memory, running_jobs=running),
-        queued_jobs=session.scalar(_QUEUED, {"tenant_id": tenant.id}),
+        queued_jobs=session.scalar(_QUEUE_LENGTH, {"tenant_id": tenant.id}),
         gpu_hours_7d=_gpu_hours(session, tenant=tenant, since=now - timedelta(days=7), now=now),
     )
 
