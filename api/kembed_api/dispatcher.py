@@ -11,6 +11,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -33,7 +34,12 @@ __all__ = ["Dispatcher"]
 
 log = logging.getLogger(__name__)
 _ACTIVE = [s.value for s in ACTIVE_STATES]
+# A wake-up (a submission, a cancel) is answered by a pass after _COALESCE_S, so that a burst lands first, and
+# never sooner than _PASS_GAP_S (or the interval, if shorter) after the last pass: under a steady stream of
+# submissions a pass per batch of them cost a tenth of the API's CPU; one every 0.1 s admits as promptly as anyone
+# watching a queue can tell.
 _COALESCE_S = 0.02
+_PASS_GAP_S = 0.1
 
 
 class _Leadership:
@@ -122,9 +128,11 @@ class Dispatcher:
                     self.run_once()
                 except Exception:  # a bad pass must not end dispatching; the next pass retries
                     log.exception("dispatcher pass failed")
+            passed = time.monotonic()
             if self._wake.wait(self.interval_s):
                 # Let a burst of submissions land first: one pass for many of them, not one pass each.
-                self._stopping.wait(_COALESCE_S)
+                gap = min(_PASS_GAP_S, self.interval_s)
+                self._stopping.wait(max(_COALESCE_S, passed + gap - time.monotonic()))
             self._wake.clear()
 
     # ------------------------------------------------------------------------------------------- passes

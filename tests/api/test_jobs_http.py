@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.builders import make_spec
+from tests.cluster.fixture import wait_for
 
 
 @pytest.fixture
@@ -78,6 +79,7 @@ def test_list_pages_newest_first_and_filters_by_state(client):
         if cursor is None:
             break
     assert seen == ids[::-1]
+    wait_for(lambda: client.get(f"/v1/jobs/{ids[0]}").json()["state"] != "QUEUED", what="the first job admitted")
     queued = client.get("/v1/jobs", params={"state": "QUEUED"}).json()["items"]
     assert [job["queue_position"] for job in queued] == [4, 3, 2, 1]  # the first job runs, the rest wait
     assert client.get("/v1/jobs", params={"cursor": "garbage!"}).status_code == 422

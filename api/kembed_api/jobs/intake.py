@@ -104,8 +104,8 @@ class Intake:
         return [refused[i] if i in refused else next(stored) for i in range(len(submissions))]
 
     def _store(self, submissions: list[service.Submission]) -> list[service.Outcome]:
-        with self.db.session(write=True) as session:
-            return service.submit_many(session, submissions, checkpoint_root=self.checkpoint_root)
+        with self.db.write_transaction() as connection:
+            return service.submit_many(connection, submissions, checkpoint_root=self.checkpoint_root)
 
     def _store_alone(self, submission: service.Submission) -> service.Outcome | Exception:
         clash: Exception | None = None

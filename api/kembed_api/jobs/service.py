@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row, bindparam, func, insert, select, tuple_, update
+from sqlalchemy import Connection, Row, bindparam, func, insert, literal, select, tuple_, union_all, update
 from sqlalchemy.orm import Session
 
 from kembed_api.admission import Demand, Quota, RunningJob, estimate_start_times, never_fits
@@ -163,7 +163,7 @@ def transition(
     session.add(JobEvent(job_seq=job.seq, time=now, state=state, reason=reason, message=message))
 
 
-def queue_changed(session: Session, *, tenant_id: int, joined: int, moved: bool) -> None:
+def queue_changed(session: Session | Connection, *, tenant_id: int, joined: int, moved: bool) -> None:
     """`joined` jobs more (or fewer) in the tenant's queue; `moved`: jobs already in it moved, so positions
     forecast before now no longer hold."""
     session.execute(_COUNT_QUEUE_CHANGE, {"tenant_id": tenant_id, "joined": joined, "moved": int(moved)})
@@ -182,15 +182,20 @@ class Submission:
 # seen before), or why it was refused.
 Outcome = tuple[JobRead, bool] | CannotRun | QueueFull
 
-_JOBS_OF_KEYS = select(Job).where(tuple_(Job.tenant_id, Job.idempotency_key).in_(bindparam("keys", expanding=True)))
-# The tenants' rows as they are now, also when the session holds them already (their queue lengths changed).
-_TENANTS_FOR_UPDATE = (select(Tenant).where(Tenant.id.in_(bindparam("ids", expanding=True))).with_for_update()
-                       .execution_options(populate_existing=True))
-_QUEUED_ABOVE = (select(Job.priority, func.count())
-                 .where(Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED,
-                        Job.priority > bindparam("priority")).group_by(Job.priority))
-_QUEUED_BELOW = select(func.count()).where(Job.tenant_id == bindparam("tenant_id"), Job.state == JobState.QUEUED,
-                                           Job.priority < bindparam("priority"))
+_JOBS_OF_KEYS = (select(_JOBS.c.id, _JOBS.c.tenant_id, _JOBS.c.idempotency_key)
+                 .where(tuple_(_JOBS.c.tenant_id, _JOBS.c.idempotency_key).in_(bindparam("keys", expanding=True))))
+# The tenants' rows as they are now (locked), as plain rows: a batch reads their quotas and queue lengths.
+_TENANTS_FOR_UPDATE = select(_TENANTS).where(_TENANTS.c.id.in_(bindparam("ids", expanding=True))).with_for_update()
+# (priority, queued jobs) for each priority above the given one, then (None, queued jobs below it): two ranges of
+# the queue-order index in one round trip.
+_QUEUED_AROUND = union_all(
+    select(_JOBS.c.priority, func.count())
+    .where(_JOBS.c.tenant_id == bindparam("tenant_id"), _JOBS.c.state == JobState.QUEUED,
+           _JOBS.c.priority > bindparam("priority")).group_by(_JOBS.c.priority),
+    select(literal(None, type_=_JOBS.c.priority.type), func.count())
+    .where(_JOBS.c.tenant_id == bindparam("tenant_id"), _JOBS.c.state == JobState.QUEUED,
+           _JOBS.c.priority < bindparam("priority")),
+)
 
 
 @dataclass
@@ -205,10 +210,13 @@ class _Queue:
     below: int  # queued jobs of a lower priority than any of the batch's
 
     @classmethod
-    def of(cls, session: Session, tenant: Tenant, lowest_priority: int) -> _Queue:
-        params = {"tenant_id": tenant.id, "priority": lowest_priority}
-        by_priority = Counter({priority: count for priority, count in session.execute(_QUEUED_ABOVE, params)})
-        below = session.scalar(_QUEUED_BELOW, params)
+    def of(cls, session: Session | Connection, tenant: Row, lowest_priority: int) -> _Queue:
+        by_priority, below = Counter(), 0
+        for priority, count in session.execute(_QUEUED_AROUND, {"tenant_id": tenant.id, "priority": lowest_priority}):
+            if priority is None:
+                below = count
+            else:
+                by_priority[priority] = count
         by_priority[lowest_priority] = tenant.queued_jobs - below - by_priority.total()
         return cls(tenant.queued_jobs, by_priority, below)
 
@@ -232,9 +240,11 @@ _INSERT_EVENTS = insert(JobEvent.__table__)
 
 
 def submit_many(
-    session: Session, submissions: Sequence[Submission], *, checkpoint_root: str, now: datetime | None = None
+    session: Session | Connection, submissions: Sequence[Submission], *, checkpoint_root: str,
+    now: datetime | None = None,
 ) -> list[Outcome]:
-    """Store QUEUED jobs, one outcome per submission in order; the caller commits (kembed_api.jobs.intake).
+    """Store QUEUED jobs, one outcome per submission in order; the caller commits (kembed_api.jobs.intake, on
+    a bare Connection: every statement here is Core, and tenants and jobs are read as plain rows).
 
     A handful of statements serve the whole batch: the tenants (locked, so that concurrent batches of one tenant,
     also from another replica, count its queue one at a time), the jobs of repeated Idempotency-Keys, what the
@@ -244,9 +254,9 @@ def submit_many(
     """
     now = now or utcnow()
     tenant_ids = list({s.tenant_id for s in submissions})
-    tenants = {t.id: t for t in session.scalars(_TENANTS_FOR_UPDATE, {"ids": tenant_ids})}
+    tenants = {t.id: t for t in session.execute(_TENANTS_FOR_UPDATE, {"ids": tenant_ids})}
     keys = list({(s.tenant_id, s.idempotency_key) for s in submissions if s.idempotency_key is not None})
-    known = {(j.tenant_id, j.idempotency_key): j for j in session.scalars(_JOBS_OF_KEYS, {"keys": keys})} if keys else {}
+    known = {(j.tenant_id, j.idempotency_key): j for j in session.execute(_JOBS_OF_KEYS, {"keys": keys})} if keys else {}
     lowest: dict[int, int] = {}
     for submission in submissions:
         lowest[submission.tenant_id] = min(lowest.get(submission.tenant_id, submission.spec.priority),
@@ -338,7 +348,7 @@ class _NewJob:
             raise AttributeError(column) from None
 
 
-def _new_job(spec: JobSpec, *, tenant: Tenant, checkpoint_root: str, now: datetime, idempotency_key: str | None,
+def _new_job(spec: JobSpec, *, tenant: Row, checkpoint_root: str, now: datetime, idempotency_key: str | None,
              taken_ids: set[str]) -> _NewJob:
     """The QUEUED job a valid submission becomes (not yet stored); raises CannotRun."""
     _check_can_run(spec, tenant=tenant)
@@ -366,12 +376,12 @@ def _new_job(spec: JobSpec, *, tenant: Tenant, checkpoint_root: str, now: dateti
     ), spec=spec)
 
 
-def _read_stored(session: Session, job: Job, *, tenant: Tenant) -> JobRead:
+def _read_stored(session: Executor, job: Row, *, tenant: Row) -> JobRead:
     """The answer for a job already stored (a repeated Idempotency-Key): as a read of it answers."""
     return read_job(session, tenant=tenant, job_id=job.id, forecast=no_forecast)
 
 
-def _check_can_run(spec: JobSpec, *, tenant: Tenant) -> None:
+def _check_can_run(spec: JobSpec, *, tenant: Row) -> None:
     why = never_fits(quota_of(tenant), Demand.of(spec))
     if why:
         raise CannotRun(f"resources: {why}")
