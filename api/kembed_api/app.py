@@ -71,6 +71,7 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
         upgrade_to_head(settings.resolved_database_url)
         db = Database(settings.resolved_database_url, processes=settings.workers)
         _bootstrap(settings, db)
+        await db.open_read_pool()
         metrics = Metrics(db)
         dispatcher = Dispatcher(db=db, backend=backend or _make_backend(settings),
                                 public_url=settings.resolved_public_url, interval_s=settings.dispatch_interval_s,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, AsyncExitStack, contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -136,12 +137,17 @@ class Database:
             # side, without a transaction: under READ COMMITTED each statement reads at its own moment anyway,
             # and BEGIN and COMMIT would be two more round trips. Each pool keeps what a burst needs: a
             # connection opened per request (a PostgreSQL backend process each) costs more than the read.
+            # The pools hand out the connection used last (LIFO): a steady load keeps reusing the few it needs,
+            # whose statements PostgreSQL has prepared, and the others only serve bursts. The read pool is opened
+            # whole at start (`open_read_pool`): a poll that has to open a connection waits for a new backend
+            # process and prepares its statements anew, the slowest reads a replica answered.
             def part(connections: int) -> int:
                 return max(2, -(-connections // processes))
 
-            self.engine = create_engine(url, pool_size=part(10), max_overflow=part(15), pool_pre_ping=True)
+            self.engine = create_engine(url, pool_size=part(10), max_overflow=part(15), pool_pre_ping=True,
+                                        pool_use_lifo=True)
             self._read_engine = create_async_engine(url, pool_size=part(20), max_overflow=part(5),
-                                                    isolation_level="AUTOCOMMIT")
+                                                    pool_use_lifo=True, isolation_level="AUTOCOMMIT")
             self._read_statements: dict = {}  # compiled once each, for DriverReads
         self._write_engine = self.engine.execution_options(kembed_write=True)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
@@ -192,6 +198,14 @@ class Database:
             if not error.connection_invalidated:
                 raise
             return await self._read_through_driver(work)
+
+    async def open_read_pool(self) -> None:
+        """Open every connection the read pool keeps (PostgreSQL; SQLite reads in this process)."""
+        if self.is_sqlite:
+            return
+        async with AsyncExitStack() as stack:
+            await asyncio.gather(*(stack.enter_async_context(self._read_engine.connect())
+                                   for _ in range(self._read_engine.pool.size())))
 
     async def _read_through_driver(self, work: Callable[[DriverReads], T]) -> T:
         async with self._read_engine.connect() as connection:
