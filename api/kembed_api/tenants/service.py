@@ -85,14 +85,15 @@ def list_tenants(session: Session) -> list[Tenant]:
     return list(session.scalars(select(Tenant).order_by(Tenant.name)))
 
 
-# The usage endpoint's statements, built once with bound parameters: building them is most of its cost. The
-# queue's length is the tenant's own count, not a count of its queue (as costly as the queue is long). The
-# active states are ORs, not an IN list: a list is expanded on each execution, which the driver-level reads of
-# kembed_api.pg_reads leave out.
-_USED = select(func.count(), func.coalesce(func.sum(Job.gpus), 0), func.coalesce(func.sum(Job.cpu), 0.0),
-               func.coalesce(func.sum(Job.memory_bytes), 0)).where(
-    Job.tenant_id == bindparam("tenant_id"), or_(*(Job.state == state for state in ACTIVE_STATES)))
-_QUEUE_LENGTH = select(Tenant.queued_jobs).where(Tenant.id == bindparam("tenant_id"))  # kept as the queue changes
+# The usage endpoint's statements, built once with bound parameters: building them is most of its cost. What
+# the tenant's active jobs hold, with the queue's length beside it (in one round trip): the tenant's own count,
+# not a count of its queue (as costly as the queue is long). The active states are ORs, not an IN list: a list is
+# expanded on each execution, which the driver-level reads of kembed_api.pg_reads leave out.
+_QUEUE_LENGTH = select(Tenant.queued_jobs).where(Tenant.id == bindparam("tenant_id")).scalar_subquery()
+_USED_AND_QUEUED = select(
+    func.count(), func.coalesce(func.sum(Job.gpus), 0), func.coalesce(func.sum(Job.cpu), 0.0),
+    func.coalesce(func.sum(Job.memory_bytes), 0), _QUEUE_LENGTH,
+).where(Job.tenant_id == bindparam("tenant_id"), or_(*(Job.state == state for state in ACTIVE_STATES)))
 # Jobs that held GPUs at some time since `since`: admitted, not finished before it.
 _GPU_TIME = select(Job.gpus, Job.admitted_at, Job.finished_at).where(
     Job.tenant_id == bindparam("tenant_id"), Job.admitted_at.is_not(None),
@@ -102,11 +103,11 @@ _GPU_TIME = select(Job.gpus, Job.admitted_at, Job.finished_at).where(
 
 def usage(session: Executor, *, tenant: Tenant, now: datetime | None = None) -> Usage:
     now = now or utcnow()
-    running, gpus, cpu, memory = session.execute(_USED, {"tenant_id": tenant.id}).one()
+    running, gpus, cpu, memory, queued = session.execute(_USED_AND_QUEUED, {"tenant_id": tenant.id}).one()
     return Usage(
         tenant=tenant.name, quota=_quota_spec(tenant),
         used=UsageAmounts(gpus=gpus, cpu=cpu, memory_bytes=memory, running_jobs=running),
-        queued_jobs=session.scalar(_QUEUE_LENGTH, {"tenant_id": tenant.id}),
+        queued_jobs=queued,
         gpu_hours_7d=_gpu_hours(session, tenant=tenant, since=now - timedelta(days=7), now=now),
     )
 
