@@ -11,13 +11,25 @@ from tests.api.conftest import FakeBackend
 from tests.builders import make_spec
 
 
-def _drop_every_connection_of(postgres_server, database: str) -> int:
-    """Terminate every server process serving `database`, as a PostgreSQL restart would."""
+def _backends(postgres_server, database: str, what: str = "pid") -> list:
+    """`what` of every server process serving `database`."""
     with psycopg.connect(postgres_server.url().replace("postgresql+psycopg", "postgresql"),
                          autocommit=True) as admin:
-        return len(admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (database,)
-        ).fetchall())
+        return [row[0] for row in admin.execute(
+            f"SELECT {what} FROM pg_stat_activity WHERE datname = %s", (database,)
+        ).fetchall()]
+
+
+def _drop_every_connection_of(postgres_server, database: str) -> int:
+    """Terminate every server process serving `database`, as a PostgreSQL restart would."""
+    return len(_backends(postgres_server, database, what="pg_terminate_backend(pid)"))
+
+
+def test_the_read_pool_is_open_before_the_first_poll(postgres_server, tmp_path):
+    """A burst of polls never waits for new PostgreSQL backends: the read pool's 20 are opened at start."""
+    url = postgres_server.new_database()
+    with TestClient(create_app(Settings(data_dir=tmp_path, database_url=url), backend=FakeBackend())):
+        assert len(_backends(postgres_server, url.rsplit("/", 1)[1])) >= 20
 
 
 def test_polls_submissions_and_usage_survive_postgresql_dropping_every_connection(postgres_server, tmp_path):

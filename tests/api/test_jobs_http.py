@@ -90,6 +90,9 @@ def test_cancel_of_a_queued_job_is_immediate(client):
     waiting = client.post("/v1/jobs", json=make_spec("waits").with_nodes(1, 2).build()).json()
     response = client.post(f"/v1/jobs/{waiting['id']}/cancel")
     assert response.status_code == 202 and response.json()["state"] == "CANCELLED"
+    events = client.get(f"/v1/jobs/{waiting['id']}").json()["events"]  # the job read with its events, in order
+    assert [(e["state"], e["reason"]) for e in events] == [("QUEUED", "Submitted"), ("CANCELLED", "Cancelled")]
+    assert events[0]["time"] <= events[1]["time"] and events == response.json()["events"]
 
 
 def test_reports_need_the_jobs_own_token_and_update_progress(client, backend):
