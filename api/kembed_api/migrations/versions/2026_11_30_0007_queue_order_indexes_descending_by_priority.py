@@ -2,7 +2,7 @@
 
 Revision ID: 0007
 Revises: 0006
-Create Date: 2026-11-30 17:45:00
+Create Date: 2026-11-30 17:20:00
 """
 import sqlalchemy as sa
 from alembic import op
