@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import weakref
 
 import pytest
 
@@ -40,6 +41,23 @@ def test_single_process_training_lowers_loss_and_learns_the_signal(ckpt_uri):
     assert done["event"] == "done" and done["step"] == 60
     assert done["eval"]["auc"] > 0.7
     assert done["checkpoint"] == f"{ckpt_uri}/step-60"
+
+
+def test_a_finished_trainer_is_freed_once_dropped_and_a_sigterm_after_it_is_harmless(ckpt_uri):
+    # What holds the trainer holds its DDP model's process groups: they must go when the trainer goes, before the
+    # process groups are destroyed, not in the interpreter's own teardown (where gloo's end sometimes aborted).
+    trainer = train.Trainer(config.TrainerConfig.model_validate(tiny_config(checkpoint={"uri": ckpt_uri})),
+                            dist.setup("gloo", threads=1), report.Reporter(enabled=True, out=io.StringIO()))
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        assert trainer.train() == 0
+        trainer.close()
+        gone = weakref.ref(trainer)
+        del trainer
+        assert gone() is None  # freed at once: no reference cycle, nothing in the signal module
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler left behind does nothing once its trainer is gone
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_records_have_the_contract_fields(tmp_path, ckpt_uri):

@@ -32,7 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     env = dist.setup(cfg.distributed.backend, cfg.training.threads)
     reporter = report.Reporter.from_env(enabled=env.is_main)
     try:
-        return train.Trainer(cfg, env, reporter).train()
+        trainer = train.Trainer(cfg, env, reporter)
+        try:
+            return trainer.train()
+        finally:
+            trainer.close()
+            del trainer  # with it the last references to the process groups, which teardown destroys
     finally:
         reporter.close()
         dist.teardown()

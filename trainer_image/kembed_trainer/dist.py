@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 
 import torch
@@ -49,5 +50,9 @@ def setup(backend: str, threads: int) -> Env:
 
 
 def teardown() -> None:
+    """Destroy the process groups while the interpreter is whole: whatever still holds one (a DDP model in a
+    reference cycle) is collected first, so that the groups' C++ side (gloo's threads) ends here and not in the
+    interpreter's own teardown, where it could abort the process."""
     if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()

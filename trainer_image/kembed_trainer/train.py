@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import signal
 import time
+import weakref
+from collections.abc import Callable
+from types import FrameType
 
 import torch
 import torch.distributed as dist
@@ -65,7 +68,10 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------- the loop
     def train(self) -> int:
-        signal.signal(signal.SIGTERM, self._request_stop)
+        # The handler holds the trainer weakly: a strong reference from the signal module kept the trainer, and
+        # through its DDP model the process groups, alive until the interpreter's own teardown, where destroying
+        # gloo's groups sometimes aborted the process ("terminate called without an active exception").
+        signal.signal(signal.SIGTERM, _weakly(self._request_stop))
         resumed_from = self.restore()
         malloc.trim()  # the checkpoint's read buffers
         total = self.cfg.training.steps
@@ -101,6 +107,11 @@ class Trainer:
             "done", self.step, eval=result, checkpoint=self._last_saved.uri if self._last_saved else None
         )
         return 0
+
+    def close(self) -> None:
+        """Wait for the checkpoint writer's thread to end (before the process groups are destroyed)."""
+        if self.checkpointer:
+            self.checkpointer.close()
 
     # ------------------------------------------------------------------------------------------- steps
     def train_step(self) -> torch.Tensor:
@@ -212,6 +223,17 @@ class Trainer:
             flags[0] /= self.env.world_size
         window.add(flags[0].item(), self.embeddings.last_unique_rows, time.perf_counter() - started)
         return bool(flags[1].item() > 0)
+
+
+def _weakly(method: Callable[[int, FrameType | None], None]) -> Callable[[int, FrameType | None], None]:
+    """A signal handler that calls `method` while its object lives, and does nothing after."""
+    bound = weakref.WeakMethod(method)
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if (live := bound()) is not None:
+            live(signum, frame)
+
+    return handle
 
 
 class _Window:
