@@ -264,9 +264,10 @@ def submit_many(
 
     A handful of statements serve the whole batch: the tenants (locked, so that concurrent batches of one tenant,
     also from another replica, count its queue one at a time), the jobs of repeated Idempotency-Keys, what the
-    batch needs of each tenant's queue (`_Queue`) and its new length, and two multi-row inserts. Job ids are
-    random and not checked first: a clash with a stored id (or a concurrent request with the same key) fails the
-    insert with IntegrityError, and the caller retries.
+    batch needs of each tenant's queue (`_Queue`) and its new length, and two inserts (the jobs, then their first
+    events), each one statement run for every row. Job ids are random and not checked first: a clash with a
+    stored id (or a concurrent request with the same key) fails the insert with IntegrityError, and the caller
+    retries.
     """
     now = now or utcnow()
     tenant_ids = list({s.tenant_id for s in submissions})
