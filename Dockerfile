@@ -2,7 +2,10 @@
 #   docker build -t kembed/platform:0.1.0 .
 # The trainer has its own image (trainer_image/Dockerfile): the platform never needs torch, the trainer never
 # needs FastAPI or Kopf. The Helm chart (helm/kembed) runs this image as UID 10001 with a read-only root.
-FROM python:3.11-slim-bookworm
+# The base is a build argument so a build without access to Docker Hub can use a local Python 3.11 bookworm image
+# (`make images` does: see docs/testing.md); everyone else keeps the official one.
+ARG BASE=python:3.11-slim-bookworm
+FROM ${BASE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -3,14 +3,17 @@ each one copies, and a non-root user with the very UID the chart and the operato
 
 from __future__ import annotations
 
+import importlib.metadata
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
 
 from kembed_operator.settings import OperatorSettings
 from tests.cluster.fixture import Cluster
@@ -19,6 +22,28 @@ from tests.helm.test_chart import CHART, MINIMAL
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PLATFORM, TRAINER = REPO / "Dockerfile", REPO / "trainer_image" / "Dockerfile"
 HADOLINT = shutil.which("hadolint", path=str(pathlib.Path(sys.executable).parent))
+
+
+def _closure(requirements: list[str]) -> set[str]:
+    """Every distribution the requirements install (by their installed metadata), names normalised."""
+    seen: set[str] = set()
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        requirement = todo.pop()
+        name = requirement.name.lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = importlib.metadata.requires(requirement.name) or []
+        except importlib.metadata.PackageNotFoundError:  # not installed here: its own requirements are unknown
+            continue
+        for text in requires:
+            child = Requirement(text)
+            extras = requirement.extras | {""}
+            if child.marker is None or any(child.marker.evaluate({"extra": e}) for e in extras):
+                todo.append(child)
+    return seen
 
 
 def _instructions(dockerfile: pathlib.Path) -> list[tuple[str, str]]:
@@ -54,6 +79,18 @@ def test_everything_copied_exists_and_the_installed_extras_are_declared(dockerfi
             extras += [extra for group in re.findall(r"\.\[([\w,]+)\]", args) for extra in group.split(",")]
             assert "pip install" not in args or "-c constraints.txt" in args, "installs must use the pins"
     assert extras and set(extras) <= declared, f"{dockerfile.name} installs extras {extras}, declared {declared}"
+
+
+def test_the_platform_extras_install_what_the_api_imports_at_run_time():
+    """The platform image installs only `.[api,operator]`: the dev extra (playwright pulls greenlet) must not be
+    what makes the API importable. SQLAlchemy's asyncio layer needs the distributions of its `asyncio` extra."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    installed = _closure(extras["api"] + extras["operator"])
+    asyncio_needs = _closure([f"sqlalchemy[asyncio]=={importlib.metadata.version('sqlalchemy')}"]) - _closure(
+        [f"sqlalchemy=={importlib.metadata.version('sqlalchemy')}"])
+    assert asyncio_needs, "SQLAlchemy's asyncio extra names nothing: this check is stale"
+    assert "sqlalchemy.ext.asyncio" in (REPO / "api" / "kembed_api" / "db.py").read_text()
+    assert asyncio_needs <= installed, f"the api extra lacks {sorted(asyncio_needs - installed)}"
 
 
 @pytest.mark.cluster
