@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kembed_api import __version__
+from kembed_api import __version__, bodies, errors
 from kembed_api.auth.cache import TtlCache
 from kembed_api.auth.service import ensure_bootstrap_token
 from kembed_api.backends.base import Backend
@@ -111,6 +111,8 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
         ),
         lifespan=lifespan,
     )
+    errors.install(app)
+    app.add_middleware(bodies.BodyGuard, max_bytes=settings.max_body_bytes)
     app.include_router(jobs_router.router)
     app.include_router(tenants_router.router)
 

@@ -88,6 +88,13 @@ class Settings(BaseSettings):
         "at a time runs the dispatcher (a lock in data_dir chooses it); the others serve requests only, so a job "
         "submitted through them is admitted on the dispatcher's next pass (dispatch_interval_s).",
     )
+    max_body_bytes: int = Field(
+        1_048_576,
+        ge=1024,
+        le=64 * 1_048_576,
+        description="Largest request body accepted, in bytes (413 beyond it, checked before the body is parsed). "
+        "A job spec is a few kilobytes; 1 MiB leaves room for large table lists and refuses floods.",
+    )
     json_logs: bool = Field(False, description="Log one JSON object per line (for log collectors).")
     admission_paused: bool = Field(
         False,

@@ -39,7 +39,7 @@ def test_an_invalid_spec_is_422_naming_the_field_and_stores_nothing(client, muta
     mutate(spec)
     response = client.post("/v1/jobs", json=spec)
     assert response.status_code == 422
-    locations = [".".join(map(str, error["loc"][1:])) for error in response.json()["detail"]]
+    locations = [".".join(map(str, error["loc"][1:])) for error in response.json()["errors"]]
     assert field in locations
     assert client.get("/v1/jobs").json()["items"] == []
 

@@ -189,7 +189,7 @@ def test_quota_changes_apply_and_usage_reports_them(api_client, backend):
 def test_bad_tenant_input_names_the_field(api_client):
     response = api_client.post("/v1/tenants", json={"name": "Team_A", "quota": {"memory": "lots"}})
     assert response.status_code == 422
-    assert {".".join(map(str, e["loc"][1:])) for e in response.json()["detail"]} == {"name", "quota.memory"}
+    assert {".".join(map(str, e["loc"][1:])) for e in response.json()["errors"]} == {"name", "quota.memory"}
     assert api_client.post("/v1/tenants", json={"name": "dup"}).status_code == 201
     assert api_client.post("/v1/tenants", json={"name": "dup"}).status_code == 409
     assert api_client.get("/v1/tenants").json()["items"][-1]["name"] == "dup"

@@ -1,0 +1,152 @@
+"""Request bodies, checked before the application parses them: their size, and numbers JSON does not have.
+
+A plain ASGI middleware (no worker-thread trip, no copy beyond the body itself):
+- a body larger than `max_bytes` is refused with 413, from its Content-Length before anything is read, or while
+  it arrives when it is chunked (no Content-Length): the server never holds more than `max_bytes` of it;
+- a JSON body holding `NaN`, `Infinity` or `-Infinity` (Python's json accepts them, JSON does not), a number too
+  large for a float (`1e400` reads as infinity) or an integer of thousands of digits is refused with 422 naming
+  the field, instead of reaching the application, where such values got stored, trained on (a learning rate of
+  Infinity) or broke the error answer itself (a 500 and a reset connection).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from starlette.datastructures import Headers
+
+from kembed_api import errors
+
+__all__ = ["BodyGuard", "find_non_finite"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_MAX_INT_DIGITS = 64  # far past any bound of the spec; Python refuses to parse more than 4300 digits at all
+
+
+class _NonFinite:
+    """Stands for a number that is not a finite float, where the body holds it."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _parse_float(text: str) -> float | _NonFinite:
+    value = float(text)
+    return value if math.isfinite(value) else _NonFinite(text)
+
+
+def _parse_int(text: str) -> int | _NonFinite:
+    return int(text) if len(text.lstrip("-")) <= _MAX_INT_DIGITS else _NonFinite(text[:12] + "...")
+
+
+def _first_bad(value: Any, path: list[str | int]) -> tuple[list[str | int], str] | None:
+    if isinstance(value, _NonFinite):
+        return path, value.text
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if found := _first_bad(item, [*path, key]):
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if found := _first_bad(item, [*path, index]):
+                return found
+    return None
+
+
+def find_non_finite(body: bytes) -> tuple[list[str | int], str] | None:
+    """(the path, the literal) of the first number in a JSON body that is not a finite float; None if none is,
+    or if the body is not JSON at all (the application says so in its own words)."""
+    found = False
+
+    def mark(text: str) -> _NonFinite:
+        nonlocal found
+        found = True
+        return _NonFinite(text)
+
+    def check_float(text: str) -> float | _NonFinite:
+        value = _parse_float(text)
+        return mark(text) if isinstance(value, _NonFinite) else value
+
+    def check_int(text: str) -> int | _NonFinite:
+        value = _parse_int(text)
+        return mark(value.text) if isinstance(value, _NonFinite) else value
+
+    try:
+        parsed = json.loads(body, parse_constant=mark, parse_float=check_float, parse_int=check_int)
+    except (ValueError, RecursionError):
+        return None
+    return _first_bad(parsed, []) if found else None
+
+
+def _is_json(headers: Headers) -> bool:
+    """Whether FastAPI reads this body as JSON: no content type, or a JSON one."""
+    content_type = headers.get("content-type")
+    if not content_type:
+        return True
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+class BodyGuard:
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], *, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_large(scope, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away: nothing to answer
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._too_large(scope, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if body and _is_json(headers) and (bad := find_non_finite(body)):
+            path, literal = bad
+            item = errors.ErrorItem(loc=["body", *path], type="finite_number",
+                                    msg=f"Input should be a finite number, got {literal} (not a JSON number)")
+            await errors.validation_response([item.model_dump()])(scope, receive, send)
+            return
+
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the disconnect, whenever it comes
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope: Scope, send: Send) -> None:
+        response = errors.error_response(
+            413, f"request body: larger than {self.max_bytes} bytes (KEMBED_MAX_BODY_BYTES)",
+            headers={"Connection": "close"})  # the rest of the body is not read: this connection is done
+
+        async def nothing() -> Message:
+            return {"type": "http.disconnect"}
+
+        await response(scope, nothing, send)
