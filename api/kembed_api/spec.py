@@ -23,7 +23,6 @@ __all__ = [
     "parse_quantity",
 ]
 
-_MAX_STEPS = 2**31 - 1  # progress is stored as 32-bit integers
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$")
 _QUANTITY_FACTORS = {
@@ -58,21 +57,32 @@ TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCE
 ACTIVE_STATES = frozenset({JobState.ADMITTED, JobState.RUNNING, JobState.RESTARTING})
 
 
+# Free text of a spec (labels, the image): bounded, and without control characters (PostgreSQL cannot store NUL,
+# and a newline in a label would forge lines of a log).
+_TEXT = r"^[^\x00-\x1f\x7f]*$"
+_MAX_LABELS = 64
+LabelKey = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")]
+LabelValue = Annotated[str, Field(max_length=256, pattern=_TEXT)]
+
+
 class Resources(BaseModel):
     """What one job asks for; admission is all-or-nothing over nodes x these."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    nodes: int = Field(1, ge=1, le=256, description="Pods (machines) in the gang.")
+    nodes: int = Field(1, strict=True, ge=1, le=256, description="Pods (machines) in the gang.")
     procs_per_node: int | None = Field(
         None,
+        strict=True,
         ge=1,
         le=64,
         description="Trainer processes (ranks) per node. Defaults to gpus_per_node, or 1 without GPUs.",
     )
-    gpus_per_node: int = Field(0, ge=0, le=16, description="nvidia.com/gpu per node.")
-    cpu_per_node: float = Field(1.0, gt=0, le=512, description="CPU cores requested per node.")
-    memory_per_node: str = Field("2Gi", description="Memory per node as a Kubernetes quantity, e.g. 16Gi.")
+    gpus_per_node: int = Field(0, strict=True, ge=0, le=16, description="nvidia.com/gpu per node.")
+    cpu_per_node: float = Field(1.0, strict=True, gt=0, le=512, allow_inf_nan=False,
+                                description="CPU cores requested per node.")
+    memory_per_node: str = Field("2Gi", max_length=32,
+                                 description="Memory per node as a Kubernetes quantity, e.g. 16Gi.")
 
     @field_validator("memory_per_node")
     @classmethod
@@ -106,6 +116,7 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
+        allow_inf_nan=False,
         json_schema_extra={
             "examples": [
                 {
@@ -121,20 +132,21 @@ class JobSpec(BaseModel):
     name: Annotated[str, Field(min_length=1, max_length=46)] = Field(
         description="DNS label (lowercase letters, digits, '-'); the job id is the name plus a random suffix."
     )
-    priority: int = Field(0, ge=-1000, le=1000, description="Higher runs first within a tenant's queue.")
+    priority: int = Field(0, strict=True, ge=-1000, le=1000,
+                          description="Higher runs first within a tenant's queue.")
     resources: Resources = Field(default_factory=Resources)
     max_restarts: int = Field(
-        2, ge=0, le=100, description="Gang restarts from the last checkpoint after a retryable failure."
+        2, strict=True, ge=0, le=100, description="Gang restarts from the last checkpoint after a retryable failure."
     )
-    image: str | None = Field(None, description="Trainer image (Kubernetes backend); the platform default if unset.")
-    labels: dict[str, str] = Field(default_factory=dict, description="Free-form labels shown with the job.")
+    image: str | None = Field(
+        None, min_length=1, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$",
+        description="Trainer image reference, e.g. registry.example.com/kembed-trainer:1.2 (Kubernetes backend); "
+        "the platform default if unset.")
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=_MAX_LABELS,
+        description=f"Free-form labels shown with the job: at most {_MAX_LABELS}, keys up to 128 characters "
+        "(letters, digits, '-', '_', '.', '/'), values up to 256.")
     trainer: TrainerConfig = Field(description="The trainer's configuration (see docs/job-spec.md).")
-
-    @model_validator(mode="after")
-    def _steps_are_storable(self) -> JobSpec:
-        if self.trainer.training.steps > _MAX_STEPS:
-            raise ValueError(f"trainer.training.steps: at most {_MAX_STEPS}")
-        return self
 
     @field_validator("name")
     @classmethod

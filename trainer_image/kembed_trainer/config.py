@@ -37,29 +37,63 @@ __all__ = [
     "load_config",
 ]
 
-PositiveInt = Annotated[int, Field(gt=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
+# Every number is finite, strictly typed (`true` is not 1, "5" is not 5) and bounded, and every string has a
+# length limit: a value past these bounds could only fail, hang or exhaust a machine later, never train. The
+# bounds sit far past any real job; memory is checked against the job's resources separately
+# (kembed_api.estimates). 2**31 - 1: steps and counts are stored as 32-bit integers.
+MAX_INT32 = 2**31 - 1
+MAX_ROWS = 2**40  # rows of one table (hash buckets): a trillion, beyond any single table in production
+MAX_WIDTH = 65_536  # an embedding's width or an MLP layer's
+MAX_URI = 4096
+MAX_NAME = 256  # a column, feature or table name
+
+
+def _int(ge: int, le: int) -> type[int]:
+    if ge == 1:  # said as "greater than 0", as the errors of positive counts always were
+        return Annotated[int, Field(strict=True, gt=0, le=le)]  # type: ignore[return-value]
+    return Annotated[int, Field(strict=True, ge=ge, le=le)]  # type: ignore[return-value]
+
+
+PositiveInt = _int(1, MAX_INT32)
+Count = _int(0, MAX_INT32)
+Fraction = Annotated[float, Field(strict=True, ge=0, lt=1, allow_inf_nan=False)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=r"^[^\x00-\x1f\x7f]*$")]
+Uri = Annotated[str, Field(min_length=1, max_length=MAX_URI, pattern=r"^[^\x00-\x1f\x7f]*$")]
+Layers = Annotated[list[_int(1, MAX_WIDTH)], Field(max_length=32)]
+Features = Annotated[list[Name], Field(min_length=1, max_length=1024)]
+
+
+def _float(*, gt: float | None = None, ge: float | None = None, le: float | None = None,
+           lt: float | None = None) -> type[float]:
+    return Annotated[float, Field(strict=True, gt=gt, ge=ge, le=le, lt=lt, allow_inf_nan=False)]  # type: ignore
+
+
+LearningRate = _float(gt=0, le=1000)
+MAX_HOTNESS = 4096  # ids per feature per sample
+MAX_EVAL_SAMPLES = 100_000_000  # an eval's scores and labels are gathered on every rank
+MAX_BATCH = 2**22  # samples per rank per step (4M); memory is checked separately
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # ----------------------------------------------------------------------------------------------- embeddings
 class TableConfig(_Strict):
     """One embedding table; several features may share it (e.g. `user_id` and `friend_id`)."""
 
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Unique table name (checkpoint key).")
-    num_embeddings: PositiveInt = Field(description="Rows. With `hash_ids`, the number of hash buckets.")
-    embedding_dim: PositiveInt = Field(description="Width of each row.")
-    features: list[str] = Field(min_length=1, description="Sparse features looked up in this table.")
-    lr_scale: PositiveFloat = Field(1.0, description="Multiplies the sparse optimizer's lr for this table.")
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=MAX_NAME,
+                      description="Unique table name (checkpoint key).")
+    num_embeddings: _int(1, MAX_ROWS) = Field(description="Rows. With `hash_ids`, the number of hash buckets.")
+    embedding_dim: _int(1, MAX_WIDTH) = Field(description="Width of each row.")
+    features: Features = Field(description="Sparse features looked up in this table.")
+    lr_scale: _float(gt=0, le=1000) = Field(1.0, description="Multiplies the sparse optimizer's lr for this table.")
     hash_ids: bool = Field(
         False,
         description="Hash raw ids (any int64, or strings from files) into num_embeddings buckets; "
         "without it ids must lie in [0, num_embeddings).",
     )
-    admit_after: Annotated[int, Field(ge=0)] = Field(
+    admit_after: Count = Field(
         0,
         description="An id gets its own row only after it was seen in this many batches; until then it "
         "shares the table's last row (the fallback). 0 = every id has its row from the start.",
@@ -73,8 +107,8 @@ class TableConfig(_Strict):
 
 
 class EmbeddingsConfig(_Strict):
-    tables: list[TableConfig] = Field(min_length=1)
-    shard_threshold_rows: PositiveInt = Field(
+    tables: list[TableConfig] = Field(min_length=1, max_length=1024)
+    shard_threshold_rows: _int(1, MAX_ROWS) = Field(
         1_000_000,
         description="Tables with `sharding: auto` and at least this many rows are sharded row-wise across "
         "ranks; smaller ones are replicated (every rank all-gathers their gradients and updates them). Where a "
@@ -113,10 +147,10 @@ class DLRMConfig(_Strict):
     """DLRM-style CTR model: bottom MLP over dense features, dot interaction with the pooled embeddings, top MLP."""
 
     kind: Literal["dlrm"] = "dlrm"
-    bottom_mlp: list[PositiveInt] = Field(
+    bottom_mlp: Layers = Field(
         [64, 16], min_length=1, description="Hidden sizes; the last must equal the tables' embedding_dim."
     )
-    top_mlp: list[PositiveInt] = Field(
+    top_mlp: Layers = Field(
         [64, 32], description="Hidden sizes before the final 1-unit logit layer (added automatically)."
     )
 
@@ -130,9 +164,9 @@ class TwoTowerConfig(_Strict):
     """
 
     kind: Literal["two_tower"] = "two_tower"
-    user_features: list[str] = Field(min_length=1)
-    item_features: list[str] = Field(min_length=1)
-    tower_mlp: list[PositiveInt] = Field([], description="Hidden sizes of each tower's MLP; [] = none (MF).")
+    user_features: Features
+    item_features: Features
+    tower_mlp: Layers = Field([], description="Hidden sizes of each tower's MLP; [] = none (MF).")
     biases: bool = True
     loss: Literal["mse", "bce"] = Field(
         "mse", description="mse: explicit ratings (eval RMSE); bce: implicit 0/1 feedback (eval AUC)."
@@ -154,14 +188,15 @@ class SyntheticDataConfig(_Strict):
     """Zipf-distributed ids with a planted signal: a label a model can learn, for demos and tests."""
 
     kind: Literal["synthetic"] = "synthetic"
-    num_dense: Annotated[int, Field(ge=0)] = Field(13, description="Dense (float) features per sample.")
-    zipf_alpha: PositiveFloat = Field(1.1, description="Id frequency ~ 1 / rank**alpha.")
-    min_hotness: PositiveInt = Field(1, description="Fewest ids per feature per sample (multi-hot).")
-    max_hotness: PositiveInt = Field(1, description="Most ids per feature per sample.")
-    signal: Annotated[float, Field(ge=0)] = Field(
+    num_dense: _int(0, 4096) = Field(13, description="Dense (float) features per sample.")
+    zipf_alpha: _float(gt=0, le=16) = Field(1.1, description="Id frequency ~ 1 / rank**alpha.")
+    min_hotness: _int(1, MAX_HOTNESS) = Field(1, description="Fewest ids per feature per sample (multi-hot).")
+    max_hotness: _int(1, MAX_HOTNESS) = Field(1, description="Most ids per feature per sample.")
+    signal: _float(ge=0, le=100) = Field(
         1.0, description="Strength of the planted signal; 0 makes labels pure noise (AUC 0.5)."
     )
-    eval_samples: PositiveInt = Field(8192, description="Held-out samples (a separate seed stream).")
+    eval_samples: _int(1, MAX_EVAL_SAMPLES) = Field(
+        8192, description="Held-out samples (a separate seed stream), generated and scored at every eval.")
 
     @model_validator(mode="after")
     def _hotness_order(self) -> SyntheticDataConfig:
@@ -178,14 +213,14 @@ class TableDataConfig(_Strict):
     """
 
     kind: Literal["table"] = "table"
-    uri: str = Field(description="Training rows.")
+    uri: Uri = Field(description="Training rows.")
     format: Literal["auto", "parquet", "csv", "tsv"] = Field("auto", description="auto = from the extension.")
-    label: str = Field(description="Label column: 0/1 clicks, or ratings.")
-    dense: list[str] = Field([], description="Float feature columns, in the model's order.")
-    sparse: dict[str, str] = Field(description="Sparse feature name -> column.")
-    multi_hot_separator: str = Field("|", min_length=1)
-    eval_uri: str | None = Field(None, description="Held-out rows; without it `eval_fraction` of the rows.")
-    eval_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    label: Name = Field(description="Label column: 0/1 clicks, or ratings.")
+    dense: list[Name] = Field([], max_length=4096, description="Float feature columns, in the model's order.")
+    sparse: dict[Name, Name] = Field(max_length=1024, description="Sparse feature name -> column.")
+    multi_hot_separator: str = Field("|", min_length=1, max_length=8)
+    eval_uri: Uri | None = Field(None, description="Held-out rows; without it `eval_fraction` of the rows.")
+    eval_fraction: Fraction = 0.1
 
     @property
     def num_dense(self) -> int:
@@ -201,15 +236,15 @@ class TextDataConfig(_Strict):
     """
 
     kind: Literal["text"] = "text"
-    uri: str
+    uri: Uri
     tokenizer: Literal["whitespace", "chars"] = "whitespace"
     min_count: PositiveInt = 1
-    window: PositiveInt = Field(5, description="Context words on each side of the center word.")
-    negatives: Annotated[int, Field(ge=1)] = Field(5, description="Noise words per (center, context) pair.")
-    subsample: Annotated[float, Field(ge=0)] = Field(
+    window: _int(1, 1000) = Field(5, description="Context words on each side of the center word.")
+    negatives: _int(1, 1000) = Field(5, description="Noise words per (center, context) pair.")
+    subsample: _float(ge=0, le=1) = Field(
         1e-3, description="Frequent-word subsampling threshold t (Mikolov et al.); 0 = off."
     )
-    eval_fraction: Annotated[float, Field(ge=0, lt=1)] = Field(
+    eval_fraction: Fraction = Field(
         0.05, description="Sentences held out for the eval loss/AUC of true vs noise pairs."
     )
 
@@ -226,18 +261,18 @@ class SparseOptimizerConfig(_Strict):
     """Updates only the embedding rows a batch touched (lazy: untouched rows and their moments stay put)."""
 
     name: Literal["sgd", "adagrad", "rowwise_adagrad", "adam"] = "rowwise_adagrad"
-    lr: PositiveFloat = 0.05
-    eps: PositiveFloat = 1e-8
-    beta1: Annotated[float, Field(ge=0, lt=1)] = Field(0.9, description="adam only.")
-    beta2: Annotated[float, Field(ge=0, lt=1)] = Field(0.999, description="adam only.")
+    lr: LearningRate = 0.05
+    eps: _float(gt=0, le=1) = 1e-8
+    beta1: Fraction = Field(0.9, description="adam only.")
+    beta2: Fraction = Field(0.999, description="adam only.")
 
 
 class DenseOptimizerConfig(_Strict):
     name: Literal["adam", "adamw"] = "adam"
-    lr: PositiveFloat = 1e-3
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
-    beta1: Annotated[float, Field(ge=0, lt=1)] = 0.9
-    beta2: Annotated[float, Field(ge=0, lt=1)] = 0.999
+    lr: LearningRate = 1e-3
+    weight_decay: _float(ge=0, le=1000) = 0.0
+    beta1: Fraction = 0.9
+    beta2: Fraction = 0.999
 
 
 class OptimizerConfig(_Strict):
@@ -253,25 +288,25 @@ class TrainingConfig(_Strict):
         "tables stay float32); faster on GPUs and CPUs with bf16 units, slightly less precise.",
     )
     steps: PositiveInt = Field(description="Total optimizer steps (a resumed run continues up to this).")
-    batch_size: PositiveInt = Field(description="Samples per rank per step.")
-    seed: int = 0
+    batch_size: _int(1, MAX_BATCH) = Field(description="Samples per rank per step.")
+    seed: _int(-(2**63), 2**63 - 1) = 0
     log_every: PositiveInt = Field(10, description="Steps between `progress` records.")
-    eval_every: Annotated[int, Field(ge=0)] = Field(
+    eval_every: Count = Field(
         0, description="Steps between `eval` records; 0 = evaluate only at the end."
     )
-    threads: Annotated[int, Field(ge=0)] = Field(
+    threads: _int(0, 1024) = Field(
         0, description="torch intra-op threads per rank; 0 = CPU cores / local ranks."
     )
 
 
 class CheckpointConfig(_Strict):
-    uri: str | None = Field(
+    uri: Uri | None = Field(
         None, description="Folder URI (`file://...` or `s3://...`, or a plain path); `step-N/` go under it."
     )
-    every_steps: Annotated[int, Field(ge=0)] = Field(
+    every_steps: Count = Field(
         0, description="Steps between checkpoints; 0 = only the final (and on SIGTERM)."
     )
-    keep: PositiveInt = Field(3, description="Complete checkpoints kept; older ones are deleted.")
+    keep: _int(1, 10_000) = Field(3, description="Complete checkpoints kept; older ones are deleted.")
 
     @field_validator("uri")
     @classmethod
@@ -296,25 +331,25 @@ class SparsityConfig(_Strict):
         "score: keep the largest |w| / mean|w| + grad_weight * |grad| / mean|grad|, so weights with large "
         "gradients can grow back.",
     )
-    target: Annotated[float, Field(gt=0, lt=1)] = Field(
+    target: _float(gt=0, lt=1) = Field(
         description="Final fraction of each weight matrix masked."
     )
-    dense_until: Annotated[int, Field(ge=0)] = Field(
+    dense_until: Count = Field(
         0, description="Steps trained dense before masking starts."
     )
-    increase: Annotated[float, Field(gt=0, le=1)] = Field(
+    increase: _float(gt=0, le=1) = Field(
         1.0,
         description="Masked fraction added at each rise (0.1 = +10% of the weights); 1 = all of `target` at once.",
     )
     increase_every: PositiveInt = Field(100, description="Steps between rises.")
-    every_steps: Annotated[int, Field(ge=0)] = Field(
+    every_steps: Count = Field(
         0, description="Steps between re-selections at a constant fraction; 0 = only when the fraction rises."
     )
-    block_size: PositiveInt = Field(
+    block_size: _int(1, MAX_WIDTH) = Field(
         1,
         description="Mask square blocks of this many rows and columns (1 = element-wise); edge blocks may be smaller.",
     )
-    grad_weight: Annotated[float, Field(ge=0)] = Field(
+    grad_weight: _float(ge=0, le=1e6) = Field(
         1.0, description="score only: weight of the gradient term."
     )
 

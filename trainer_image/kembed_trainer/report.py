@@ -7,6 +7,7 @@ a few retries, and records that cannot be delivered are dropped (stdout, which t
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import sys
@@ -19,6 +20,18 @@ from typing import Any, TextIO
 __all__ = ["Reporter"]
 
 _STOP = object()
+
+
+def _finite(value: Any) -> Any:
+    """The record with every NaN or infinity as null: JSON has no such numbers, and the API refuses them (a
+    diverged loss is reported as null, not as a record the API cannot read)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 class Reporter:
@@ -57,8 +70,8 @@ class Reporter:
     def emit(self, event: str, step: int, **fields: Any) -> None:
         if not self.enabled:
             return
-        record = {"event": event, "step": step, "time": self._clock(), **fields}
-        print(json.dumps(record), file=self._out, flush=True)
+        record = _finite({"event": event, "step": step, "time": self._clock(), **fields})
+        print(json.dumps(record, allow_nan=False), file=self._out, flush=True)
         if self._thread is not None:
             self._queue.put(record)
 

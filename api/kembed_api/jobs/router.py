@@ -72,7 +72,8 @@ def list_jobs(
     principal: Reader,
     forecasts: QueueForecasts,
     state: Annotated[list[JobState] | None, Query(description="Only jobs in these states.")] = None,
-    name: Annotated[str | None, Query(max_length=46, description="Only jobs submitted with this name.")] = None,
+    name: Annotated[str | None, Query(max_length=46, pattern=r"^[a-z0-9-]*$",
+                                      description="Only jobs submitted with this name.")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=64, description="`next_cursor` of the previous page.")] = None,
 ) -> Response:
@@ -162,7 +163,8 @@ def job_metrics(
     job_id: str,
     db: Db,
     principal: Reader,
-    event: Annotated[str | None, Query(max_length=32, description="progress, eval, checkpoint, ...")] = None,
+    event: Annotated[str | None, Query(max_length=32, pattern=r"^[A-Za-z0-9_.-]*$",
+                                       description="progress, eval, checkpoint, ...")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> list[JobMetricRead]:
     with db.session() as session:

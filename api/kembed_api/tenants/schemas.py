@@ -21,17 +21,17 @@ _TENANT_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 class QuotaSpec(BaseModel):
     """Limits of a tenant. Omitted or null means unlimited."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={
         "examples": [{"gpus": 16, "cpu": 64, "memory": "256Gi", "max_running_jobs": 4, "max_queued_jobs": 100}]})
 
     # Upper bounds keep every value storable (32-bit integers in PostgreSQL) and far above any real cluster.
-    gpus: Annotated[int, Field(ge=0, le=1_000_000)] | None = Field(
+    gpus: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] | None = Field(
         None, description="GPUs all running jobs may hold together.")
-    cpu: Annotated[float, Field(ge=0, le=100_000_000)] | None = Field(
+    cpu: Annotated[float, Field(strict=True, ge=0, le=100_000_000, allow_inf_nan=False)] | None = Field(
         None, description="CPU cores all running jobs may hold.")
-    memory: str | None = Field(None, description="Memory all running jobs may hold (a quantity, e.g. 256Gi).")
-    max_running_jobs: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
-    max_queued_jobs: Annotated[int, Field(ge=0, le=1_000_000)] | None = Field(
+    memory: Annotated[str, Field(max_length=32)] | None = Field(None, description="Memory all running jobs may hold (a quantity, e.g. 256Gi).")
+    max_running_jobs: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] | None = None
+    max_queued_jobs: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] | None = Field(
         None, description="Jobs waiting at once; a submission beyond it is refused with 429."
     )
 
@@ -72,7 +72,8 @@ class TenantList(BaseModel):
 class TokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: Annotated[str, Field(min_length=1, max_length=64)] = Field(description="What the token is for.")
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]*$")] = Field(
+        description="What the token is for (no control characters).")
     role: Role = Field(Role.MEMBER, description="viewer reads; member submits and cancels; tenant-admin also "
                                                 "manages tokens; platform-admin also manages tenants.")
     expires_at: datetime | None = Field(None, description="When the token stops working; null = never.")
