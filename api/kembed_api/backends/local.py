@@ -51,15 +51,29 @@ def _is_our_process(pid: int, job_id: str) -> bool:
         return False
 
 
+def machine_memory_bytes() -> int:
+    """Physical memory of this machine (what all local trainers share)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def machine_cpus() -> int:
+    """Cores this process may run on (its affinity: a container's or taskset's share, not the host's)."""
+    return len(os.sched_getaffinity(0))
+
+
 def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
 
 
 class LocalBackend:
-    def __init__(self, *, data_dir: Path, slots: int, stop_grace_s: float = 60.0) -> None:
+    def __init__(self, *, data_dir: Path, slots: int, stop_grace_s: float = 60.0,
+                 memory_bytes: int | None = None, cpus: int | None = None) -> None:
+        """`memory_bytes`, `cpus`: what this machine offers its trainers (measured when not given)."""
         self.data_dir = data_dir
         self.slots = slots
+        self.memory_bytes = memory_bytes or machine_memory_bytes()
+        self.cpus = cpus or machine_cpus()
         self.stop_grace_s = stop_grace_s
         self._gangs: dict[str, _Gang] = {}
         self._lock = threading.Lock()
@@ -75,6 +89,19 @@ class LocalBackend:
             raise ValueError(
                 f"resources: the job needs {spec.resources.num_processes} trainer processes "
                 f"(nodes x procs_per_node) but this server has {self.slots} local slots (KEMBED_LOCAL_SLOTS)"
+            )
+        # Every node of a gang runs on this one machine, at once.
+        resources = spec.resources
+        memory, cpus = resources.nodes * resources.memory_bytes_per_node, resources.nodes * resources.cpu_per_node
+        if memory > self.memory_bytes:
+            raise ValueError(
+                f"resources.memory_per_node: the job asks for {memory / 2**30:.2f} GiB in all ({resources.nodes} "
+                f"node(s) x {resources.memory_per_node}) but this machine has {self.memory_bytes / 2**30:.2f} GiB"
+            )
+        if cpus > self.cpus:
+            raise ValueError(
+                f"resources.cpu_per_node: the job asks for {cpus:g} CPU cores in all ({resources.nodes} node(s) x "
+                f"{resources.cpu_per_node:g}) but this machine has {self.cpus}"
             )
 
     def capacity(self) -> Quota:

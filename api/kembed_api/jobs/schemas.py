@@ -32,6 +32,10 @@ class JobEstimates(BaseModel):
         description="Embedding weights plus sparse-optimizer state one rank holds (row-wise sharded tables split "
         "across all ranks, the others whole)."
     )
+    memory_bytes_per_rank: int = Field(
+        description="Everything one rank is estimated to need (tables, optimizer state, dense model, a step's "
+        "batch, an eval, the data source, the runtime): what `resources.memory_per_node` must hold per rank."
+    )
 
 
 class JobRead(BaseModel):

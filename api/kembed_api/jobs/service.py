@@ -15,10 +15,10 @@ from typing import Any
 from sqlalchemy import Connection, Row, bindparam, func, insert, literal, select, tuple_, union_all, update
 from sqlalchemy.orm import Session
 
+from kembed_api import estimates
 from kembed_api.admission import Demand, Quota, RunningJob, estimate_start_times, never_fits
 from kembed_api.auth.service import hash_secret
 from kembed_api.db import Executor, utcnow
-from kembed_api.estimates import table_memory_bytes_per_rank
 from kembed_api.jobs.models import Job, JobEvent, JobMetric
 from kembed_api.jobs.schemas import (
     JobEstimates,
@@ -398,13 +398,13 @@ def _check_can_run(spec: JobSpec, *, tenant: Row) -> None:
     why = never_fits(quota_of(tenant), Demand.of(spec))
     if why:
         raise CannotRun(f"resources: {why}")
-    per_rank = table_memory_bytes_per_rank(spec.trainer, world_size=spec.resources.num_processes)
-    per_node = per_rank * (spec.resources.procs_per_node or 1)
-    if per_node > spec.resources.memory_bytes_per_node:
+    estimate = estimates.memory_per_rank(spec.trainer, world_size=spec.resources.num_processes)
+    ranks = spec.resources.procs_per_node or 1
+    if estimate.total * ranks > spec.resources.memory_bytes_per_node:
         raise CannotRun(
-            f"resources.memory_per_node: the embedding tables and their optimizer state need about "
-            f"{per_rank / 2**30:.2f} GiB per rank, {per_node / 2**30:.2f} GiB for {spec.resources.procs_per_node} "
-            f"ranks per node, more than memory_per_node ({spec.resources.memory_per_node})"
+            f"resources.memory_per_node: the job needs about {estimate.describe()}, "
+            f"{estimate.total * ranks / 2**30:.2f} GiB for {ranks} rank(s) per node, more than memory_per_node "
+            f"({spec.resources.memory_per_node})"
         )
 
 
@@ -429,9 +429,12 @@ def _encode_cursor(seq: int) -> str:
 
 def _decode_cursor(cursor: str) -> int:
     try:
-        return int(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode())
+        seq = int(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode())
     except ValueError as error:
         raise ValueError("cursor is not one this API returned") from error
+    if not 0 < seq <= 2**31:  # job numbers are 32-bit: a larger one was never handed out
+        raise ValueError("cursor is not one this API returned")
+    return seq
 
 
 def list_jobs(
@@ -571,11 +574,17 @@ def to_read(
         checkpoint_step=job.checkpoint_step,
         queue_position=queue[0] if queue else None,
         estimated_start_at=queue[1] if queue else None,
-        estimates=JobEstimates(table_memory_bytes_per_rank=table_memory_bytes_per_rank(
-            spec.trainer, world_size=spec.resources.num_processes)),
+        estimates=_estimates(spec),
         spec=spec,
         events=events or [],
     )
+
+
+def _estimates(spec: JobSpec) -> JobEstimates:
+    world_size = spec.resources.num_processes
+    return JobEstimates(
+        table_memory_bytes_per_rank=estimates.table_memory_bytes_per_rank(spec.trainer, world_size=world_size),
+        memory_bytes_per_rank=estimates.memory_per_rank(spec.trainer, world_size=world_size).total)
 
 
 def no_forecast(_job_seq: int, _queue_version: int) -> tuple[None, None]:
