@@ -17,8 +17,8 @@ from kembed_api.ports import free_port
 
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, *, slots: int = 2, workers: int = 1) -> None:
-        self.data_dir, self.slots, self.workers = data_dir, slots, workers
+    def __init__(self, data_dir: Path, *, slots: int = 2, workers: int = 1, env: dict[str, str] | None = None) -> None:
+        self.data_dir, self.slots, self.workers, self.env = data_dir, slots, workers, env or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
@@ -30,7 +30,7 @@ class ServerProcess:
             [sys.executable, "-m", "kembed_api.cli", "serve", "--port", str(self.port),
              "--data-dir", str(self.data_dir), "--slots", str(self.slots), "--workers", str(self.workers)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "KEMBED_STOP_GRACE_S": "60"},
+            env={**os.environ, "KEMBED_STOP_GRACE_S": "60", **self.env},
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
