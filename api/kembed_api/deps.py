@@ -20,12 +20,13 @@ from starlette.concurrency import run_in_threadpool
 
 from kembed_api.auth import service as auth_service
 from kembed_api.auth.roles import Action, Role, allowed
+from kembed_api.dashboard import sessions
 from kembed_api.db import Database, utcnow
 from kembed_api.jobs.forecasts import Forecasts
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import ensure_tenant
 
-__all__ = ["Admin", "Db", "Principal", "QueueForecasts", "Reader", "Submitter", "TokenManager"]
+__all__ = ["Admin", "Db", "Principal", "QueueForecasts", "Reader", "Submitter", "TokenManager", "session_principal"]
 
 _bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer kmb_...`")
 
@@ -69,6 +70,8 @@ async def _principal(
 ) -> Principal:
     settings = request.app.state.settings
     if settings.auth and credentials is None:
+        if request.cookies.get(sessions.COOKIE_NAME):
+            return await _from_cookie(request)
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing token: send `Authorization: Bearer <token>`",
                             headers={"WWW-Authenticate": "Bearer"})
     secret = credentials.credentials if settings.auth else None
@@ -77,6 +80,47 @@ async def _principal(
     if principal is None or (principal.expires_at is not None and principal.expires_at <= utcnow()):
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token",
                             headers={"WWW-Authenticate": "Bearer"})
+    return principal
+
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+async def _from_cookie(request: Request) -> Principal:
+    """A dashboard's request: its session stands for the token it signed in with. Writes must carry the
+    session's CSRF token in a header (a form of another site cannot set one), besides SameSite=Strict."""
+    secret = request.cookies[sessions.COOKIE_NAME]
+    principal = await session_principal(request)
+    if principal is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "session ended: sign in again")
+    if request.method not in _SAFE_METHODS and not sessions.csrf_matches(secret, request.headers.get(
+            sessions.CSRF_HEADER)):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"missing or wrong {sessions.CSRF_HEADER} header")
+    return principal
+
+
+def _look_up_session(request: Request, secret: str) -> Principal | None:
+    with request.app.state.db.session() as session:
+        found = sessions.resolve(session, secret=secret)
+    if found is None:
+        return None
+    token, tenant = found
+    return Principal(tenant=tenant, role=Role(token.role), token_id=token.id, expires_at=token.expires_at)
+
+
+async def session_principal(request: Request) -> Principal | None:
+    """Who the request's session cookie signs in as; None without a live session (remembered like tokens).
+    With tokens off, everyone is the default tenant's admin, signed in or not."""
+    if not request.app.state.settings.auth:
+        return await run_in_threadpool(_look_up, request, None)
+    secret = request.cookies.get(sessions.COOKIE_NAME)
+    if not secret:
+        return None
+    key = ("session", auth_service.hash_secret(secret))
+    principal = await request.app.state.principals.resolve(
+        key, lambda: run_in_threadpool(_look_up_session, request, secret))
+    if principal is None or (principal.expires_at is not None and principal.expires_at <= utcnow()):
+        return None
     return principal
 
 

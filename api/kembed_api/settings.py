@@ -95,6 +95,18 @@ class Settings(BaseSettings):
         description="Largest request body accepted, in bytes (413 beyond it, checked before the body is parsed). "
         "A job spec is a few kilobytes; 1 MiB leaves room for large table lists and refuses floods.",
     )
+    session_ttl_s: float = Field(
+        12 * 3600,
+        gt=0,
+        le=30 * 24 * 3600,
+        description="Seconds a dashboard sign-in lasts (a working day by default); signing out, or revoking the "
+        "token it was made with, ends it sooner.",
+    )
+    secure_cookies: bool | None = Field(
+        None,
+        description="Mark the dashboard's session cookie Secure. Unset: when the request came over HTTPS (behind "
+        "an Ingress that terminates TLS, set it true, since the API itself then sees plain HTTP).",
+    )
     json_logs: bool = Field(False, description="Log one JSON object per line (for log collectors).")
     admission_paused: bool = Field(
         False,
