@@ -65,6 +65,15 @@ class Forecasts:
         position, start = forecast.get(job_seq, (None, None))
         return (position if current else None), start
 
+    def latest(self, *, tenant: Tenant) -> Forecast:
+        """The tenant's latest forecast for its estimated starts (positions in it may be out of date); a replay
+        is started when it is older than `ttl_s`. Never waits for one (the team page polls this)."""
+        with self._lock:
+            taken_at, _, forecast = self._cache.get(tenant.id, (None, None, _NOTHING))
+            if (taken_at is None or self.clock() - taken_at >= self.ttl_s) and tenant.id not in self._replays:
+                self._replays[tenant.id] = self._replayer.submit(self._replay, tenant)
+        return forecast
+
     def wait(self) -> None:
         """Until the replays under way are done (tests)."""
         with self._lock:

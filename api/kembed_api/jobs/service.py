@@ -40,6 +40,7 @@ __all__ = [
     "DEMAND_COLUMNS",
     "demand_from_columns",
     "describe",
+    "expected_end",
     "JobNotFound",
     "apply_report",
     "get_job",
@@ -458,7 +459,7 @@ def list_jobs(
     )
 
 
-def _expected_end(*, started_at: datetime | None, step: int, total_steps: int, now: datetime) -> datetime | None:
+def expected_end(*, started_at: datetime | None, step: int, total_steps: int, now: datetime) -> datetime | None:
     """Now plus the remaining steps at the pace the job has kept so far; None before it made progress."""
     if total_steps and step >= total_steps:
         return now
@@ -518,7 +519,7 @@ def queue_forecast(
     active = session.execute(_ACTIVE_JOBS)
     running = [
         RunningJob(demand_from_columns(r.gpus, r.cpu, r.memory_bytes, r.processes),
-                   _expected_end(started_at=r.started_at, step=r.step, total_steps=r.total_steps, now=now),
+                   expected_end(started_at=r.started_at, step=r.step, total_steps=r.total_steps, now=now),
                    own=r.tenant_id == tenant.id)
         for r in active
     ]

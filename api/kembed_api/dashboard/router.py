@@ -1,0 +1,101 @@
+"""Read endpoints the dashboard's pages poll (and any client may use): /v1/overview, /v1/usage/history, /v1/cluster.
+
+The team overview is what every open team page asks for every 2 s; it is computed at most once a second per
+tenant and the same bytes are served to every page of that tenant meanwhile, with an ETag so an unchanged answer
+costs a 304 (docs/benchmarks.md, dashboard).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from enum import StrEnum
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import PlainTextResponse
+
+from kembed_api.dashboard import service
+from kembed_api.dashboard.schemas import ClusterOverview, TeamOverview, UsageHistory
+from kembed_api.deps import Admin, Db, QueueForecasts, Reader
+from kembed_api.responses import ModelResponse
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["dashboard"])
+
+_AUTH = {401: {"description": "Missing, invalid, expired or revoked token (or an ended session)."}}
+
+
+class _Recent:
+    """The latest answer per key for `max_age_s`, so that many pages polling at once cost one computation."""
+
+    def __init__(self, max_age_s: float) -> None:
+        self.max_age_s = max_age_s
+        self._answers: dict[object, tuple[float, bytes, str]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: object, compute) -> tuple[bytes, str]:
+        with self._lock:
+            found = self._answers.get(key)
+        if found is not None and time.monotonic() - found[0] < self.max_age_s:
+            return found[1], found[2]
+        taken_at = time.monotonic()
+        body = compute()
+        etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+        with self._lock:
+            self._answers[key] = (taken_at, body, etag)
+        return body, etag
+
+
+_overviews = _Recent(max_age_s=1.0)
+
+
+@router.get("/v1/overview", response_model=TeamOverview, responses={**_AUTH, 304: {"description": "Unchanged."}},
+            summary="The caller's tenant at a glance: usage, queue head, running and latest finished jobs")
+def team_overview(request: Request, db: Db, principal: Reader, forecasts: QueueForecasts) -> Response:
+    tenant = principal.tenant
+
+    def compute() -> bytes:
+        with db.session() as session:
+            return service.overview(session, tenant=tenant,
+                                    forecast=lambda: forecasts.latest(tenant=tenant)).model_dump_json().encode()
+
+    # Keyed by the quota too: a quota changed through this replica shows at once.
+    body, etag = _overviews.get((tenant.id, tenant.quota_gpus, tenant.quota_cpu, tenant.quota_memory_bytes,
+                                 tenant.quota_max_running_jobs, tenant.quota_max_queued_jobs), compute)
+    headers = {"ETag": etag, "Cache-Control": "private, no-cache"}
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+class HistoryFormat(StrEnum):
+    json = "json"
+    csv = "csv"
+
+
+@router.get("/v1/usage/history", response_model=UsageHistory, responses={
+    **_AUTH, 200: {"content": {"text/csv": {}}, "description": "JSON, or with format=csv one line per day."}},
+    summary="The caller's tenant over the last days: GPU-hours per day, queue waits, final states")
+def usage_history(
+    db: Db, principal: Reader,
+    days: Annotated[int, Query(ge=1, le=90, description="Days ending today (UTC).")] = 7,
+    fmt: Annotated[HistoryFormat, Query(alias="format", description="json, or csv for a download.")] = HistoryFormat.json,
+) -> Response:
+    with db.session() as session:
+        history = service.history(session, tenant=principal.tenant, days=days)
+    if fmt is HistoryFormat.csv:
+        filename = f"kembed-{history.tenant}-{days}d.csv"
+        return PlainTextResponse(service.to_csv(history), media_type="text/csv",
+                                 headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+    return ModelResponse(history)
+
+
+@router.get("/v1/cluster", response_model=ClusterOverview, responses={
+    **_AUTH, 403: {"description": "Platform admins only."}},
+    summary="Every tenant's quota, use, queue and wait, and the backend's capacity against the sum of quotas")
+def cluster_overview(request: Request, db: Db, _: Admin) -> Response:
+    with db.session() as session:
+        return ModelResponse(service.cluster(session, capacity=request.app.state.backend.capacity()))
