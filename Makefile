@@ -21,11 +21,14 @@ demo: install
 test: install system-deps cluster-bins
 	$(BIN)/python -m pytest
 
-# Servers the tests start themselves: PostgreSQL comes from Debian's packages when the machine lacks it.
+# Servers the tests start themselves: PostgreSQL comes from Debian's packages when the machine lacks it, and so
+# does the browser the dashboard's tests drive (Playwright's own browser download is not used).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 system-deps:
 	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 		{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql; }
+	@command -v chromium >/dev/null 2>&1 || \
+		{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; }
 
 # Only for benchmarks/trainer.py: TorchRec and FBGEMM's CPU build, without their CUDA requirements.
 bench-deps: install

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kembed_api import __version__, bodies, errors
@@ -16,6 +17,8 @@ from kembed_api.auth.cache import TtlCache
 from kembed_api.auth.service import ensure_bootstrap_token
 from kembed_api.backends.base import Backend
 from kembed_api.backends.local import LocalBackend
+from kembed_api.dashboard import pages as dashboard_pages
+from kembed_api.dashboard import router as dashboard_router
 from kembed_api.db import Database, upgrade_to_head
 from kembed_api.dispatcher import Dispatcher
 from kembed_api.jobs import router as jobs_router
@@ -115,6 +118,10 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
     app.add_middleware(bodies.BodyGuard, max_bytes=settings.max_body_bytes)
     app.include_router(jobs_router.router)
     app.include_router(tenants_router.router)
+    app.include_router(dashboard_router.router)
+    # The dashboard: pages and their static files, from this process and port (docs/dashboard.md).
+    app.include_router(dashboard_pages.router)
+    app.mount(f"{dashboard_pages.HOME}/static", StaticFiles(directory=dashboard_pages.STATIC_DIR), name="static")
 
     @app.get("/healthz", tags=["operations"], summary="Liveness: the server answers")
     def healthz() -> dict[str, str]:

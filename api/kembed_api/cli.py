@@ -99,6 +99,7 @@ def serve(
     settings = Settings(**overrides)
     console.print(f"kembed serving on [bold]http://{host}:{port}[/bold] (data in {settings.data_dir}"
                   + (f", {settings.workers} worker processes)" if settings.workers > 1 else ")"))
+    console.print(f"dashboard: [bold]http://{host}:{port}/dashboard[/bold] (sign in with an API token)")
     if settings.workers == 1:
         uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
     else:
@@ -388,6 +389,8 @@ def demo(
         with Client(url) as probe:
             _wait_healthy(probe, server)
         token = (data_dir / ADMIN_TOKEN_FILE).read_text().strip()
+        console.print(f"dashboard: [bold]{url}/dashboard[/bold] while the demo runs "
+                      f"(sign in with the token in {data_dir / ADMIN_TOKEN_FILE})")
         with Client(url, token=token) as client:
             spec = yaml.safe_load(resources.files("kembed_api.samples").joinpath("demo-ctr.yaml").read_text())
             console.print(f"POST {url}/v1/jobs  (sample job: {spec['name']}, DLRM on synthetic Zipf click data)")
