@@ -64,7 +64,7 @@
   function h(tag, attrs = {}, ...children) {
     const el = document.createElement(tag);
     setAttrs(el, attrs);
-    for (const child of children.flat()) {
+    for (const child of children.flat(Infinity)) {
       if (child === null || child === undefined || child === false) continue;
       el.append(child instanceof Node ? child : document.createTextNode(String(child)));
     }
@@ -75,7 +75,7 @@
   function s(tag, attrs = {}, ...children) {
     const el = document.createElementNS(SVG, tag);
     setAttrs(el, attrs);
-    for (const child of children.flat()) {
+    for (const child of children.flat(Infinity)) {
       if (child === null || child === undefined) continue;
       el.append(child instanceof Node ? child : document.createTextNode(String(child)));
     }
