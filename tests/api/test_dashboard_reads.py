@@ -119,7 +119,7 @@ def test_the_cluster_view_is_for_platform_admins_only(api_client):
 
 def test_history_refuses_a_window_out_of_range_naming_the_field(api_client):
     response = api_client.get("/v1/usage/history", params={"days": 0})
-    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["query", "days"]
+    assert response.status_code == 422 and response.json()["errors"][0]["loc"] == ["query", "days"]
     csv = api_client.get("/v1/usage/history", params={"days": 30, "format": "csv"})
     assert csv.headers["content-type"].startswith("text/csv") and len(csv.text.splitlines()) == 31
 

@@ -16,6 +16,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 
+from kembed_api import errors
 from kembed_api.dashboard import service
 from kembed_api.dashboard.schemas import ClusterOverview, TeamOverview, UsageHistory
 from kembed_api.deps import Admin, Db, QueueForecasts, Reader
@@ -25,7 +26,6 @@ __all__ = ["router"]
 
 router = APIRouter(tags=["dashboard"])
 
-_AUTH = {401: {"description": "Missing, invalid, expired or revoked token (or an ended session)."}}
 
 
 class _Recent:
@@ -52,7 +52,8 @@ class _Recent:
 _overviews = _Recent(max_age_s=1.0)
 
 
-@router.get("/v1/overview", response_model=TeamOverview, responses={**_AUTH, 304: {"description": "Unchanged."}},
+@router.get("/v1/overview", response_model=TeamOverview, responses={
+    **errors.responses(401, 403), 304: {"description": "Unchanged since the ETag sent in If-None-Match."}},
             summary="The caller's tenant at a glance: usage, queue head, running and latest finished jobs")
 def team_overview(request: Request, db: Db, principal: Reader, forecasts: QueueForecasts) -> Response:
     tenant = principal.tenant
@@ -77,7 +78,7 @@ class HistoryFormat(StrEnum):
 
 
 @router.get("/v1/usage/history", response_model=UsageHistory, responses={
-    **_AUTH, 200: {"content": {"text/csv": {}}, "description": "JSON, or with format=csv one line per day."}},
+    **errors.responses(401, 403), 200: {"content": {"text/csv": {}}, "description": "JSON, or with format=csv one line per day."}},
     summary="The caller's tenant over the last days: GPU-hours per day, queue waits, final states")
 def usage_history(
     db: Db, principal: Reader,
@@ -93,8 +94,8 @@ def usage_history(
     return ModelResponse(history)
 
 
-@router.get("/v1/cluster", response_model=ClusterOverview, responses={
-    **_AUTH, 403: {"description": "Platform admins only."}},
+@router.get("/v1/cluster", response_model=ClusterOverview,
+            responses=errors.responses(401, 403, s403="Platform admins only."),
     summary="Every tenant's quota, use, queue and wait, and the backend's capacity against the sum of quotas")
 def cluster_overview(request: Request, db: Db, _: Admin) -> Response:
     with db.session() as session:

@@ -14,11 +14,12 @@
   const $ = (selector) => document.querySelector(selector);
 
   // ------------------------------------------------------------------------------------------ the API
+  // Every API error has one shape: {detail: "one line per problem", errors: [{loc, msg, type}, ...]}.
   class ApiError extends Error {
-    constructor(status, detail) {
-      super(typeof detail === "string" ? detail : JSON.stringify(detail));
+    constructor(status, body) {
+      super(body && typeof body.detail === "string" ? body.detail : `HTTP ${status}`);
       this.status = status;
-      this.detail = detail;
+      this.errors = (body && Array.isArray(body.errors)) ? body.errors : [];
     }
   }
 
@@ -32,11 +33,11 @@
     });
     if (response.status === 401) {
       location.assign(`${HOME}/sign-in`);
-      throw new ApiError(401, "signed out");
+      throw new ApiError(401, { detail: "signed out" });
     }
     const type = response.headers.get("content-type") || "";
     const data = response.status === 204 ? null : type.includes("json") ? await response.json() : await response.text();
-    if (!response.ok) throw new ApiError(response.status, data && data.detail !== undefined ? data.detail : data);
+    if (!response.ok) throw new ApiError(response.status, data);
     return data;
   }
 
@@ -585,7 +586,7 @@
 
   // A 422's `detail` names each field at fault (loc); its message goes under that field's input.
   function showFieldErrors(form, error, idsByField) {
-    const problems = Array.isArray(error.detail) ? error.detail : [{ loc: [], msg: error.message }];
+    const problems = error.errors.length ? error.errors : [{ loc: [], msg: error.message }];
     let first = null;
     for (const problem of problems) {
       const field = [...(problem.loc || [])].reverse().find((part) => idsByField[part]);
