@@ -3,7 +3,7 @@
 The yardstick is Kubeflow Trainer's ExitCode restart policy: exit codes 1-127 are permanent (the program itself
 gave up: 1 an uncaught exception, 2 the trainer's "bad config"), 128-255 are retryable (killed by a signal:
 137 SIGKILL / OOM kill, 143 SIGTERM after a checkpoint). The pods run the trainer under our launcher (see
-trainer_launch.py), which exits with the first failed rank's own code rather than torchrun's blanket 1.
+kembed_trainer/launch.py), which exits with the first failed rank's own code rather than torchrun's blanket 1.
 
 One gang fails together, so the collateral damage of one failure must not decide: when pod A is killed (137),
 pod B's ranks lose their peer and exit 1. Hence:

@@ -15,13 +15,14 @@ import yaml
 from kembed_api import resources
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import ATTEMPT_LABEL, INDEX_ANNOTATION, JOB_LABEL
+from kembed_trainer import launch
 
 __all__ = ["CONFIG_MOUNT", "S3_SECRET", "batch_job", "config_map", "owner_reference", "service"]
 
 CONFIG_MOUNT = "/etc/kembed"
 S3_SECRET = "kembed-s3"
 TENANT_LABEL = "kembed.io/tenant"
-LAUNCHER = pathlib.Path(__file__).with_name("trainer_launch.py")
+LAUNCHER = pathlib.Path(launch.__file__)
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")

@@ -1,8 +1,9 @@
 """torchrun, with the failed rank's own exit code (runs inside the trainer image: stdlib and torch only).
 
 torchrun exits 1 whatever happened to its workers, which would hide the difference between a bad config (exit 2,
-permanent), a crash (1, permanent) and a kill (137) or a SIGTERM checkpoint (143, both retryable). This file is
-shipped to every trainer pod in the job's ConfigMap and run as `python launch.py <torchrun arguments>`: the same
+permanent), a crash (1, permanent) and a kill (137) or a SIGTERM checkpoint (143, both retryable). The operator
+ships this file to every trainer pod in the job's ConfigMap and runs it as `python launch.py <torchrun arguments>`;
+the local backend runs it as `python -m kembed_trainer.launch <torchrun arguments>`: the same
 arguments, the same launch code (torch.distributed.run.run), but the pod then exits with
 - the first failed worker's exit code (128 + N when a signal N killed it),
 - 128 + N when the launcher itself got signal N (SIGTERM: the workers were asked to checkpoint and stop),
