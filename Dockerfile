@@ -15,6 +15,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /opt/kembed
 # Pinned dependencies first (their layer survives code changes), then the packages themselves.
 COPY pyproject.toml constraints.txt README.md ./
+COPY contract ./contract
 COPY api ./api
 COPY operator ./operator
 # kembed_api.spec imports the trainer's config model (pydantic only): ship that package, not its extra (torch).

@@ -1,21 +1,20 @@
 """Listing a job's checkpoints: `<checkpoint uri>/step-N/`, each counting only once its COMPLETE marker exists.
 
-The layout is the trainer's (kembed_trainer.checkpoint, docs/trainer.md); this reads it with fsspec alone, so
+The layout is the trainer's (kembed_trainer.runtime, docs/trainer.md); this reads it with fsspec alone, so
 the API needs no torch.
 """
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 
 import fsspec
 from pydantic import BaseModel, Field
 
+from kembed_trainer import runtime
+
 __all__ = ["CheckpointRead", "list_checkpoints"]
 
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-_MARKER = "COMPLETE"
 
 
 class CheckpointRead(BaseModel):
@@ -46,17 +45,17 @@ def list_checkpoints(uri: str) -> list[CheckpointRead]:
     scheme = uri.split("://", 1)[0] if "://" in uri else "file"
     for entry in entries:
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-        match = _STEP_DIR.match(name)
-        if not match or entry.get("type") != "directory":
+        step = runtime.step_of_dir(name)
+        if step is None or entry.get("type") != "directory":
             continue
         path = entry["name"].rstrip("/")
         try:
-            marker = fs.info(f"{path}/{_MARKER}")
+            marker = fs.info(f"{path}/{runtime.CHECKPOINT_MARKER}")
         except FileNotFoundError:
             continue  # half-written: never loaded, never listed
         files = fs.find(path, detail=True)
         found.append(CheckpointRead(
-            step=int(match.group(1)), uri=f"{scheme}://{path}" if scheme != "file" else f"file://{path}",
+            step=step, uri=f"{scheme}://{path}" if scheme != "file" else f"file://{path}",
             time=_modified(marker), num_bytes=sum(int(f.get("size") or 0) for f in files.values()),
         ))
     return sorted(found, key=lambda c: c.step)

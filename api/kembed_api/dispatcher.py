@@ -21,14 +21,16 @@ from sqlalchemy import Row, and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from kembed_api.admission import Demand, shortfall
-from kembed_api.backends.base import Backend, Launch, NotReady
+from kembed_api.backends.base import Backend, Launch, NotReady, Observed
 from kembed_api.db import Database, utcnow
 from kembed_api.jobs import service
 from kembed_api.jobs.models import Job
 from kembed_api.observability import Metrics
-from kembed_api.spec import ACTIVE_STATES, JobSpec, JobState
+from kembed_api.spec import JobSpec
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import quota_of
+from kembed_contract import lifecycle
+from kembed_contract.lifecycle import ACTIVE_STATES, JobState
 
 __all__ = ["Dispatcher"]
 
@@ -148,6 +150,9 @@ class Dispatcher:
                     service.transition(session, job, JobState.CANCELLED, reason="Cancelled",
                                        message="cancelled while the server was down", now=self.clock())
                     continue
+                if job.state == JobState.PREEMPTED:
+                    service.requeue(session, job, now=self.clock())
+                    continue
                 where = f"checkpoint step {job.checkpoint_step}" if job.checkpoint_uri else "the start (no checkpoint)"
                 service.transition(session, job, JobState.RESTARTING, reason="ServerRestarted",
                                    message=f"the server restarted while the job ran; resuming from {where}",
@@ -169,11 +174,16 @@ class Dispatcher:
             if job.cancel_requested:
                 service.transition(session, job, JobState.CANCELLED, reason="Cancelled",
                                    message="cancelled before the trainers started", now=now)
+            elif job.state == JobState.PREEMPTED:
+                service.requeue(session, job, now=now)
             else:
                 self._launch(session, job)
             return
-        ended = self.backend.poll(job.id)
-        if ended is None:
+        seen = self.backend.poll(job.id)
+        if isinstance(seen, Observed):
+            self._follow(session, job, seen, now=now)
+            return
+        if seen is None:
             if job.cancel_requested:
                 self.backend.stop(job.id)
             return
@@ -182,16 +192,41 @@ class Dispatcher:
         if job.cancel_requested:
             service.transition(session, job, JobState.CANCELLED, reason="Cancelled",
                                message=f"stopped at step {job.step}{checkpoint}", now=now)
-        elif ended.succeeded:
-            service.transition(session, job, JobState.SUCCEEDED, reason=ended.reason,
+        elif seen.succeeded:
+            service.transition(session, job, JobState.SUCCEEDED, reason=seen.reason,
                                message=f"trained {job.step} steps{checkpoint}", now=now)
-        elif ended.retryable and job.restart_count < JobSpec.model_validate(job.spec).max_restarts:
-            job.restart_count += 1
-            service.transition(session, job, JobState.RESTARTING, reason=ended.reason,
-                               message=f"restart {job.restart_count}: {ended.message}", now=now)
+        elif job.state == JobState.PREEMPTED and seen.retryable:
+            service.requeue(session, job, now=now)
+        elif not seen.retryable:  # a final failure (the operator's, with its restarts spent), or a permanent one
+            service.transition(session, job, JobState.FAILED, reason=seen.reason, message=seen.message, now=now)
         else:
-            reason = ended.reason if not ended.retryable else "BackoffLimitExceeded"
-            service.transition(session, job, JobState.FAILED, reason=reason, message=ended.message, now=now)
+            after = lifecycle.after_failure(lifecycle.Verdict(True, seen.reason, seen.message),
+                                            restarts_used=job.restart_count,
+                                            max_restarts=JobSpec.model_validate(job.spec).max_restarts)
+            job.restart_count = after.restart_count
+            service.transition(session, job, after.state, reason=after.reason, message=after.message, now=now)
+
+    def _follow(self, session: Session, job: Job, seen: Observed, *, now: datetime) -> None:
+        """Follow a backend that restarts and stops gangs itself (Kubernetes): its state becomes the job's, by
+        the lifecycle's table; its restart count is the job's (max_restarts is spent there, once)."""
+        current = JobState(job.state)
+        job.restart_count = max(job.restart_count, seen.restart_count)
+        if seen.state is current:
+            return
+        if seen.state is JobState.QUEUED:  # a suspended gang has stopped
+            if current is not JobState.PREEMPTED:
+                service.transition(session, job, JobState.PREEMPTED, reason=seen.reason, message=seen.message,
+                                   now=now)
+            service.requeue(session, job, now=now)
+            return
+        if seen.state is JobState.RUNNING and current is JobState.PREEMPTED:
+            return  # the operator has not seen the suspension yet
+        if seen.state is JobState.RUNNING:
+            reason = "Resumed" if current is JobState.RESTARTING else seen.reason
+            service.transition(session, job, JobState.RUNNING, reason=reason, message=seen.message, now=now)
+            return
+        if seen.state in lifecycle.TRANSITIONS[current]:
+            service.transition(session, job, seen.state, reason=seen.reason, message=seen.message, now=now)
 
     def _launch(self, session: Session, job: Job) -> None:
         token, token_hash = service.new_report_token()

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kembed_trainer import runtime
 from kembed_trainer.config import TrainerConfig
 
 __all__ = ["MemoryEstimate", "memory_per_rank", "table_memory_bytes_per_rank"]
 
 _BYTES_PER_FLOAT = 4
 _BYTES_PER_ID = 8  # ids are int64
-# Optimizer state per embedding element, in floats: adagrad keeps one accumulator per element, row-wise adagrad
-# one per row, adam two moments per element.
-_STATE_PER_ELEMENT = {"sgd": lambda dim: 0.0, "adagrad": lambda dim: 1.0, "rowwise_adagrad": lambda dim: 1.0 / dim,
-                      "adam": lambda dim: 2.0}
 # Dense parameters are held as weights, gradients and Adam's two moments: 4 floats each.
 _FLOATS_PER_DENSE_PARAMETER = 4
 # A step holds each activation about three times: the forward value kept for the backward, its gradient, and a
@@ -65,7 +62,7 @@ def _gib(num_bytes: float) -> str:
 def table_memory_bytes_per_rank(trainer: TrainerConfig, *, world_size: int = 1) -> int:
     """Weights plus sparse-optimizer state one rank holds: replicated tables whole, row-wise sharded ones
     1/world_size of their rows (rounded up, as the trainer splits them)."""
-    state = _STATE_PER_ELEMENT[trainer.optimizer.sparse.name]
+    state = runtime.OPTIMIZER_STATE_FLOATS[trainer.optimizer.sparse.name]
     total = 0.0
     for table in trainer.embeddings.tables:
         rows = table.num_embeddings

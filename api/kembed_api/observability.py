@@ -21,8 +21,8 @@ from sqlalchemy import func, select
 
 from kembed_api.db import Database
 from kembed_api.jobs.models import Job
-from kembed_api.spec import ACTIVE_STATES, JobState
 from kembed_api.tenants.models import Tenant
+from kembed_contract.lifecycle import ACTIVE_STATES, JobState
 
 __all__ = ["Metrics", "configure_json_logging"]
 

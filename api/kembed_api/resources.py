@@ -65,7 +65,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from kembed_api.spec import JobSpec, JobState, parse_quantity
+from kembed_api.spec import JobSpec, parse_quantity
+from kembed_contract.lifecycle import JobState
 
 __all__ = [
     "EMBEDDING_JOB_KIND",

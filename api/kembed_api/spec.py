@@ -1,4 +1,4 @@
-"""The job spec and job states: the one vocabulary the API, the operator and the CLI share.
+"""The job spec: the one vocabulary the API, the operator and the CLI share (job states: kembed_contract.lifecycle).
 
 The spec is defined once here (pydantic); the trainer section is the trainer's own config model, so a job that
 validates here is a job the trainer accepts.
@@ -7,7 +7,6 @@ validates here is a job the trainer accepts.
 from __future__ import annotations
 
 import re
-from enum import StrEnum
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -15,10 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from kembed_trainer.config import TrainerConfig
 
 __all__ = [
-    "ACTIVE_STATES",
-    "TERMINAL_STATES",
     "JobSpec",
-    "JobState",
     "Resources",
     "parse_quantity",
 ]
@@ -39,22 +35,6 @@ def parse_quantity(value: str | int | float) -> float:
     if not match:
         raise ValueError(f"{value!r} is not a Kubernetes quantity such as 512Mi, 4Gi or 500m")
     return float(match.group(1)) * _QUANTITY_FACTORS[match.group(2)]
-
-
-class JobState(StrEnum):
-    QUEUED = "QUEUED"
-    ADMITTED = "ADMITTED"
-    RUNNING = "RUNNING"
-    RESTARTING = "RESTARTING"
-    PREEMPTED = "PREEMPTED"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
-# States that hold an admission (quota, local slots) until the job ends or goes back to the queue.
-ACTIVE_STATES = frozenset({JobState.ADMITTED, JobState.RUNNING, JobState.RESTARTING})
 
 
 # Free text of a spec (labels, the image): bounded, and without control characters (PostgreSQL cannot store NUL,

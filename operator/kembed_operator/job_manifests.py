@@ -15,7 +15,7 @@ import yaml
 from kembed_api import resources
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import ATTEMPT_LABEL, INDEX_ANNOTATION, JOB_LABEL
-from kembed_trainer import launch
+from kembed_trainer import launch, runtime
 
 __all__ = ["CONFIG_MOUNT", "S3_SECRET", "batch_job", "config_map", "owner_reference", "service"]
 
@@ -93,13 +93,13 @@ def _env(name: str, spec: resources.EmbeddingJobSpec, settings: OperatorSettings
     env: list[dict[str, Any]] = [
         {"name": "JOB_COMPLETION_INDEX",
          "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}},
-        {"name": "KEMBED_JOB_ID", "value": name},
+        {"name": runtime.ENV_JOB_ID, "value": name},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     if spec.report_url:
-        env.append({"name": "KEMBED_REPORT_URL", "value": spec.report_url})
+        env.append({"name": runtime.ENV_REPORT_URL, "value": spec.report_url})
     if spec.report_token_secret:
-        env.append({"name": "KEMBED_REPORT_TOKEN", "valueFrom": {"secretKeyRef": {
+        env.append({"name": runtime.ENV_REPORT_TOKEN, "valueFrom": {"secretKeyRef": {
             "name": spec.report_token_secret, "key": "token", "optional": True}}})
     if settings.s3_endpoint_url:
         env.append({"name": "AWS_ENDPOINT_URL", "value": settings.s3_endpoint_url})
@@ -115,15 +115,11 @@ def batch_job(name: str, namespace: str, uid: str, tenant: str, spec: resources.
     labels = {**_user_labels(spec.labels), JOB_LABEL: name, TENANT_LABEL: tenant, ATTEMPT_LABEL: str(attempt)}
     metadata = _metadata(name, namespace, uid, tenant)
     metadata["labels"][ATTEMPT_LABEL] = str(attempt)
-    launcher_args = [
-        f"{CONFIG_MOUNT}/launch.py",
-        f"--nnodes={res.nodes}", f"--nproc-per-node={res.procs_per_node}",
-        "--node-rank=$(JOB_COMPLETION_INDEX)",
-        f"--master-addr={name}-0.{name}", f"--master-port={settings.rendezvous_port}",
-        # Restarts are the operator's (whole gang, from the checkpoint), never torchrun's own.
-        "--max-restarts=0",
-        "-m", "kembed_trainer", "--config", f"{CONFIG_MOUNT}/config.yaml",
-    ]
+    launcher_args = runtime.node_command(
+        [f"{CONFIG_MOUNT}/launch.py"], nnodes=res.nodes, node_rank="$(JOB_COMPLETION_INDEX)",
+        nproc_per_node=res.procs_per_node, master_addr=f"{name}-0.{name}", master_port=settings.rendezvous_port,
+        config=f"{CONFIG_MOUNT}/config.yaml",
+    )
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "subdomain": name,

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from kembed_api.resources import EmbeddingJobSpec
-from kembed_api.spec import TERMINAL_STATES, JobState
-from kembed_operator import exit_policy
+from kembed_contract import lifecycle
+from kembed_contract.lifecycle import TERMINAL_STATES, JobState
 from kembed_operator.conditions import set_condition
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import BatchJobView, PodView, parse_time
@@ -71,6 +71,8 @@ class _Context:
         current = (self.status.get("phase"), self.status.get("reason"), self.status.get("message"))
         if current == (phase.value, reason, message):
             return
+        if current[0] != phase.value:
+            lifecycle.check_transition(JobState(current[0]) if current[0] else None, phase)
         plan.status.update({"phase": phase.value, "reason": reason, "message": message,
                             "observedGeneration": self.generation})
         plan.event = ("Warning" if warning else "Normal", reason, f"{phase.value}: {message}")
@@ -115,14 +117,24 @@ def decide(*, spec: EmbeddingJobSpec, status: dict[str, Any], generation: int, b
         return plan
 
     # ---- suspend (preemption): stop gracefully, keep the job --------------------------------------------------
+    # The lifecycle (kembed_contract.lifecycle): PREEMPTED while the trainers save and stop, QUEUED once nothing
+    # runs (the API then frees the job's quota and queues it again at its old place), ADMITTED when the API
+    # admits it again (spec.suspend false): the same attempt starts anew and resumes from its checkpoint.
     if spec.suspend:
         if batch_job and not batch_job.suspended and not batch_job.deleting:
             plan.action = Action.SUSPEND_GANG
-        ctx.move(plan, JobState.PREEMPTED, "Suspended", "suspended; the trainers checkpoint and stop")
+        if phase != JobState.QUEUED:
+            ctx.move(plan, JobState.PREEMPTED, "Suspended", "suspended; the trainers checkpoint and stop")
+        if not any_live and phase in (JobState.PREEMPTED, JobState.QUEUED):
+            ctx.move(plan, JobState.QUEUED, "Stopped", "suspended and stopped; waiting to be admitted again")
         ctx.set_condition(plan, "Suspended", True, "Suspended", "spec.suspend is true")
         ctx.set_condition(plan, "PodsReady", False, "Suspended", "the job is suspended")
         return plan
-    if phase == JobState.PREEMPTED:
+    if phase == JobState.PREEMPTED:  # resumed before its trainers had stopped: first let them stop
+        if not any_live:
+            ctx.move(plan, JobState.QUEUED, "Stopped", "suspended and stopped; being admitted again")
+        return plan
+    if phase == JobState.QUEUED:
         ctx.set_condition(plan, "Suspended", False, "Resumed", "spec.suspend is false")
         if batch_job and batch_job.suspended:
             plan.action = Action.RESUME_GANG
@@ -159,9 +171,9 @@ def decide(*, spec: EmbeddingJobSpec, status: dict[str, Any], generation: int, b
         if not failed_on_their_own and _age(now, batch_job.failed_since) < settings.gang_failure_settle_s:
             return plan  # the failed pods' status may still be on its way: decide when it is here
         if failed:
-            verdict = exit_policy.judge(failed)
+            verdict = lifecycle.judge(p.failure() for p in failed)
         else:
-            verdict = exit_policy.Verdict(True, "GangFailed", "the batch Job failed and its pods are gone")
+            verdict = lifecycle.Verdict(True, "GangFailed", "the batch Job failed and its pods are gone")
         _restart_or_fail(ctx, plan, spec, verdict.retryable, verdict.reason, verdict.message)
         return plan
 
@@ -214,17 +226,11 @@ def _stuck_reason(ctx: _Context, pods: Sequence[PodView], batch_job: BatchJobVie
 def _restart_or_fail(ctx: _Context, plan: Plan, spec: EmbeddingJobSpec, retryable: bool, reason: str,
                      message: str) -> None:
     restarts = int(ctx.status.get("restartCount") or 0)
-    if not retryable:
-        ctx.move(plan, JobState.FAILED, reason, message, warning=True)
-    elif restarts >= spec.max_restarts:
-        ctx.move(plan, JobState.FAILED, "RestartLimitReached",
-                 f"{message}; no restarts left ({restarts} of max_restarts {spec.max_restarts} used)", warning=True)
-    else:
-        attempt = int(ctx.status.get("attempt") or 0) + 1
-        ctx.move(plan, JobState.RESTARTING, reason,
-                 f"{message}; restarting the whole gang from its last checkpoint "
-                 f"(restart {restarts + 1} of {spec.max_restarts})", warning=True)
-        plan.status.update({"restartCount": restarts + 1, "attempt": attempt})
+    verdict = lifecycle.Verdict(retryable, reason, message)
+    after = lifecycle.after_failure(verdict, restarts_used=restarts, max_restarts=spec.max_restarts)
+    ctx.move(plan, after.state, after.reason, after.message, warning=True)
+    if after.state is JobState.RESTARTING:
+        plan.status.update({"restartCount": after.restart_count, "attempt": int(ctx.status.get("attempt") or 0) + 1})
         ctx.set_condition(plan, "PodsReady", False, reason, message)
         plan.action = Action.DELETE_GANG
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kembed_trainer import runtime
+
 __all__ = ["read_records"]
 
 
@@ -23,14 +25,14 @@ def read_records(log_text: str) -> tuple[dict[str, Any] | None, dict[str, Any] |
             continue
         event, step = record.get("event"), record["step"]
         total = record.get("total_steps") or (progress or {}).get("totalSteps")
-        if event in ("started", "progress", "done"):
+        if event in (runtime.EVENT_STARTED, runtime.EVENT_PROGRESS, runtime.EVENT_DONE):
             total = record.get("total_steps") or total
-            if event == "done":
+            if event == runtime.EVENT_DONE:
                 total = total or step
             progress = {"step": step, "totalSteps": total,
                         "percent": min(100, int(100 * step / total)) if total else None}
-        if event == "checkpoint" and isinstance(record.get("uri"), str):
+        if event == runtime.EVENT_CHECKPOINT and isinstance(record.get("uri"), str):
             checkpoint = {"step": step, "uri": record["uri"]}
-        if event == "done" and isinstance(record.get("checkpoint"), str):
+        if event == runtime.EVENT_DONE and isinstance(record.get("checkpoint"), str):
             checkpoint = {"step": step, "uri": record["checkpoint"]}
     return progress, checkpoint

@@ -13,7 +13,7 @@ import kopf
 import pydantic
 
 from kembed_api import resources
-from kembed_api.spec import TERMINAL_STATES
+from kembed_contract.lifecycle import TERMINAL_STATES
 from kembed_operator import tenant_manifests
 from kembed_operator.conditions import set_condition
 from kembed_operator.kube import Kube

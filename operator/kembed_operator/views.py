@@ -10,6 +10,8 @@ import dataclasses
 import datetime
 from typing import Any
 
+from kembed_contract import lifecycle
+
 __all__ = ["ATTEMPT_LABEL", "INDEX_ANNOTATION", "JOB_LABEL", "BatchJobView", "PodView", "batch_job_view",
            "parse_time", "pod_view"]
 
@@ -44,6 +46,11 @@ class PodView:
     @property
     def running(self) -> bool:
         return self.phase == "Running" and not self.deleting
+
+    def failure(self) -> lifecycle.Failure:
+        """This failed pod as the lifecycle's exit policy sees it (a pod being deleted or evicted is collateral)."""
+        return lifecycle.Failure(name=f"pod {self.name}", index=self.index, exit_code=self.exit_code,
+                                 collateral=self.deleting or self.disrupted, finished_at=self.finished_at)
 
 
 @dataclasses.dataclass(frozen=True)

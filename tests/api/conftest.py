@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from kembed_api.admission import Quota
 from kembed_api.app import create_app
-from kembed_api.backends.base import Exit, Launch
+from kembed_api.backends.base import Exit, Launch, Observed
 from kembed_api.db import Database, upgrade_to_head
 from kembed_api.ports import free_port
 from kembed_api.settings import Settings
@@ -36,8 +36,9 @@ class FakeBackend:
 
     slots: int = 4
     started: list[Launch] = field(default_factory=list)
-    exits: dict[str, Exit] = field(default_factory=dict)
+    exits: dict[str, Exit | Observed] = field(default_factory=dict)
     stopped: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
     reclaimed: list[str] = field(default_factory=list)
 
     def check_fits(self, spec: JobSpec) -> None:
@@ -55,11 +56,14 @@ class FakeBackend:
         self.started.append(launch)
         return {"attempt": launch.attempt}
 
-    def poll(self, job_id: str) -> Exit | None:
+    def poll(self, job_id: str) -> Exit | Observed | None:
         return self.exits.pop(job_id, None)
 
     def stop(self, job_id: str) -> None:
         self.stopped.append(job_id)
+
+    def preempt(self, job_id: str) -> None:
+        self.preempted.append(job_id)
 
     def kill_overdue(self) -> None:
         pass
@@ -78,6 +82,11 @@ class FakeBackend:
     def finish(self, job_id: str, *, succeeded: bool = True, retryable: bool = True, reason: str = "") -> None:
         reason = reason or ("Completed" if succeeded else "TrainerFailed")
         self.exits[job_id] = Exit(succeeded=succeeded, retryable=retryable, reason=reason, message="")
+
+    def observe(self, job_id: str, state, *, reason: str = "", restart_count: int = 0) -> None:
+        """The next poll sees the gang in `state` (a backend that restarts and stops gangs itself)."""
+        self.exits[job_id] = Observed(state=state, reason=reason or state.title(), message="",
+                                      restart_count=restart_count)
 
     def started_ids(self) -> list[str]:
         return [launch.job_id for launch in self.started]

@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, func, select
 from kembed_api.app import create_app
 from kembed_api.jobs.models import Job
 from kembed_api.settings import Settings
-from kembed_api.spec import ACTIVE_STATES
+from kembed_contract.lifecycle import ACTIVE_STATES
 from tests.api.conftest import FakeBackend, ThreadedServer, bearer
 from tests.builders import make_spec
 

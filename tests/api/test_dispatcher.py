@@ -10,8 +10,9 @@ import pytest
 from kembed_api.dispatcher import Dispatcher
 from kembed_api.jobs import service
 from kembed_api.jobs.models import Job
-from kembed_api.spec import JobSpec, JobState
+from kembed_api.spec import JobSpec
 from kembed_api.tenants.service import ensure_tenant
+from kembed_contract.lifecycle import JobState
 from tests.builders import make_spec
 
 
@@ -135,7 +136,7 @@ def test_a_retryable_failure_restarts_the_gang_until_max_restarts(db, backend, d
 
     backend.finish(job_id, succeeded=False)
     dispatcher.run_once()
-    assert state_of(db, job_id) == (JobState.FAILED, "BackoffLimitExceeded")
+    assert state_of(db, job_id) == (JobState.FAILED, "RestartLimitReached")
 
 
 def test_a_permanent_failure_fails_at_once(db, backend, dispatcher):
@@ -145,6 +146,36 @@ def test_a_permanent_failure_fails_at_once(db, backend, dispatcher):
     dispatcher.run_once()
     assert state_of(db, job_id) == (JobState.FAILED, "TrainerRejectedConfig")
     assert len(backend.started) == 1
+
+
+def test_a_backend_that_restarts_gangs_itself_is_followed_and_its_restarts_counted_once(db, backend, dispatcher):
+    """Kubernetes: the operator restarts the gang (spending max_restarts); the API's job follows it."""
+    job_id = submit(db, make_spec().with_max_restarts(2))
+    dispatcher.run_once()
+    backend.observe(job_id, JobState.RESTARTING, reason="TrainerExitedRetryably", restart_count=1)
+    dispatcher.run_once()
+    assert state_of(db, job_id) == (JobState.RESTARTING, "TrainerExitedRetryably")
+    backend.observe(job_id, JobState.RUNNING, reason="GangRunning", restart_count=1)
+    dispatcher.run_once()
+    assert state_of(db, job_id) == (JobState.RUNNING, "Resumed")
+    backend.finish(job_id, succeeded=False, retryable=False, reason="RestartLimitReached")
+    dispatcher.run_once()
+    assert state_of(db, job_id) == (JobState.FAILED, "RestartLimitReached")
+    with db.session() as session:  # the operator's count, not spent a second time by the API
+        assert session.query(Job).filter_by(id=job_id).one().restart_count == 1
+    assert len(backend.started) == 1  # the API never relaunched what the operator restarts
+
+
+def test_a_preempted_job_holds_its_place_until_its_trainers_stop_then_queues_again(db, backend, dispatcher):
+    job_id = submit(db, make_spec())
+    dispatcher.run_once()
+    backend.observe(job_id, JobState.PREEMPTED, reason="Suspended")
+    dispatcher.run_once()
+    assert state_of(db, job_id) == (JobState.PREEMPTED, "Suspended")
+    backend.observe(job_id, JobState.QUEUED, reason="Stopped")
+    dispatcher.run_once()  # back in the queue, and admitted again on the same pass (nothing else waits)
+    assert event_reasons(db, job_id)[-4:] == ["Suspended", "Requeued", "Admitted", "Started"]
+    assert [launch.job_id for launch in backend.started] == [job_id, job_id]
 
 
 def test_cancelling_a_running_job_stops_it_and_ends_cancelled(db, backend, dispatcher):

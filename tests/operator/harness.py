@@ -22,7 +22,8 @@ import yaml
 from kubernetes import client
 
 from kembed_api import resources
-from kembed_api.spec import TERMINAL_STATES, JobSpec
+from kembed_api.spec import JobSpec
+from kembed_contract.lifecycle import TERMINAL_STATES
 from tests.cluster.fixture import Cluster, exists, wait_for
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

@@ -110,3 +110,19 @@ def test_children_go_after_the_ttl_and_the_status_stays():
                   now=NOW + datetime.timedelta(seconds=100), settings=SETTINGS)
     assert late.action is Action.REMOVE_CHILDREN
     assert {c["type"]: c["reason"] for c in late.status["conditions"]}["CleanedUp"] == "TTLExpired"
+
+
+def test_suspension_is_preempted_while_the_pods_stop_then_queued_then_admitted_again():
+    suspended = spec().model_copy(update={"suspend": True})
+    stopping = decide(spec=suspended, status=RUNNING, generation=2, batch_job=job(), pods=[pod(0), pod(1)], now=NOW,
+                      settings=SETTINGS)
+    assert stopping.status["phase"] == "PREEMPTED" and stopping.action is Action.SUSPEND_GANG
+    preempted = {**RUNNING, **stopping.status}
+    stopped = decide(spec=suspended, status=preempted, generation=2, batch_job=job(suspended=True), pods=[],
+                     now=NOW, settings=SETTINGS)
+    assert (stopped.status["phase"], stopped.status["reason"]) == ("QUEUED", "Stopped")
+    queued = {**preempted, **stopped.status}
+    resumed = decide(spec=spec(), status=queued, generation=3, batch_job=job(suspended=True), pods=[], now=NOW,
+                     settings=SETTINGS)
+    assert resumed.status["phase"] == "ADMITTED" and resumed.action is Action.RESUME_GANG
+    assert "restartCount" not in resumed.status  # a preemption is not a failure

@@ -82,14 +82,15 @@ def test_retryable_failures_stop_after_max_restarts(platform: Cluster, tenant: s
     harness.wait_events(platform, tenant, job, "TrainerExitedRetryably", "RestartLimitReached")
 
 
-def test_suspend_stops_the_pods_and_resume_starts_the_same_attempt_again(platform: Cluster, tenant: str):
+def test_suspend_stops_the_pods_then_queues_and_resume_starts_the_same_attempt_again(platform: Cluster, tenant: str):
     job = JobBuilder("preempt").nodes(2).gpus(1).labels(**RUN_FOREVER).create(platform, tenant.removeprefix("kembed-"))
     wait_phase(platform, tenant, job, "RUNNING", timeout_s=30)
 
     harness.patch_job_spec(platform, tenant, job, suspend=True)
-    preempted = wait_phase(platform, tenant, job, "PREEMPTED", timeout_s=30)
-    assert {c["type"]: c["status"] for c in preempted["conditions"]}["Suspended"] == "True"
     wait_for(lambda: not job_pods(platform, tenant, job), timeout_s=30, what="pods stopped")
+    stopped = wait_phase(platform, tenant, job, "QUEUED", timeout_s=30)  # PREEMPTED while they stopped
+    assert {c["type"]: c["status"] for c in stopped["conditions"]}["Suspended"] == "True"
+    harness.wait_events(platform, tenant, job, "Suspended", "Stopped")
 
     harness.patch_job_spec(platform, tenant, job, suspend=False)
     running = wait_phase(platform, tenant, job, "RUNNING", timeout_s=30)

@@ -1,6 +1,7 @@
 """`python -m kembed_trainer --config PATH_OR_URI`, alone or under torchrun.
 
-Exit codes: 0 done; 2 bad config (one line naming the field); 143 stopped by SIGTERM after a checkpoint.
+Exit codes (kembed_trainer.runtime): 0 done; 2 bad config (one line naming the field); 143 stopped by SIGTERM
+after a checkpoint.
 """
 
 from __future__ import annotations
@@ -8,9 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kembed_trainer import config
-
-EXIT_BAD_CONFIG = 2
+from kembed_trainer import config, runtime
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,10 +20,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config.load_config(args.config)
     except config.ValidationError as exc:
         print(f"config error: {config.format_validation_error(exc)}", file=sys.stderr, flush=True)
-        return EXIT_BAD_CONFIG
+        return runtime.EXIT_BAD_CONFIG
     except (OSError, ValueError) as exc:  # unreadable file, YAML syntax, not a mapping
         print(f"config error: {exc}".splitlines()[0], file=sys.stderr, flush=True)
-        return EXIT_BAD_CONFIG
+        return runtime.EXIT_BAD_CONFIG
 
     # Heavy imports only after the config is known to be good, so a typo fails in milliseconds.
     from kembed_trainer import dist, report, train

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 import warnings
@@ -28,10 +27,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
+from kembed_trainer import runtime
+
 __all__ = ["Checkpointer", "SavedCheckpoint", "normalize_uri"]
 
-MARKER = "COMPLETE"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 def normalize_uri(uri: str) -> str:
@@ -63,17 +62,18 @@ class Checkpointer:
         self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
 
     def step_uri(self, step: int) -> str:
-        return f"{self.uri}/step-{step}"
+        return f"{self.uri}/{runtime.step_dir(step)}"
 
     def complete_steps(self) -> list[int]:
         """Steps with a complete checkpoint, newest first."""
-        return [s for s in self._listed_steps() if self.fs.exists(f"{self.root}/step-{s}/{MARKER}")]
+        marker = runtime.CHECKPOINT_MARKER
+        return [s for s in self._listed_steps() if self.fs.exists(f"{self.root}/{runtime.step_dir(s)}/{marker}")]
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         """Start saving `state` as step `step`; `poll` or `wait` tell when it landed. Collective."""
         start = time.perf_counter()
         self._landed += self._finish()  # one save at a time
-        path = f"{self.root}/step-{step}"
+        path = f"{self.root}/{runtime.step_dir(step)}"
         if self.is_main and self.fs.exists(path):
             self.fs.rm(path, recursive=True)  # a partial save of this step from an earlier attempt
         _barrier()
@@ -104,7 +104,7 @@ class Checkpointer:
         return [inflight.result()]  # a failed save raises here, in the training thread
 
     def _write(self, step: int, staged: dict[str, Any], start: float, blocked: float) -> SavedCheckpoint:
-        path = f"{self.root}/step-{step}"
+        path = f"{self.root}/{runtime.step_dir(step)}"
         with warnings.catch_warnings():  # a single process without a process group is intended
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.save(
@@ -115,7 +115,7 @@ class Checkpointer:
         # dcp.save returns on rank 0 only after every rank's files are written and the metadata with them.
         num_bytes = 0
         if self.is_main:
-            self.fs.pipe_file(f"{path}/{MARKER}", json.dumps({"step": step}).encode())
+            self.fs.pipe_file(f"{path}/{runtime.CHECKPOINT_MARKER}", json.dumps({"step": step}).encode())
             num_bytes = int(self.fs.du(path))
             self._prune()
         return SavedCheckpoint(step, self.step_uri(step), num_bytes, time.perf_counter() - start, blocked)
@@ -148,7 +148,7 @@ class Checkpointer:
             names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)]
         except FileNotFoundError:
             return []
-        return sorted((int(m.group(1)) for n in names if (m := _STEP_DIR.match(n))), reverse=True)
+        return sorted((s for n in names if (s := runtime.step_of_dir(n)) is not None), reverse=True)
 
     def _prune(self) -> None:
         """Keep the newest `keep` complete checkpoints; drop every older folder, complete or partial."""
@@ -157,7 +157,7 @@ class Checkpointer:
             return
         for step in self._listed_steps():
             if step not in kept and step < kept[0]:
-                self.fs.rm(f"{self.root}/step-{step}", recursive=True)
+                self.fs.rm(f"{self.root}/{runtime.step_dir(step)}", recursive=True)
 
 
 def _copy(state: Any) -> Any:

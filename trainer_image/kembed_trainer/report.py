@@ -17,6 +17,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from kembed_trainer import runtime
+
 __all__ = ["Reporter"]
 
 _STOP = object()
@@ -63,8 +65,8 @@ class Reporter:
     def from_env(cls, *, enabled: bool) -> Reporter:
         return cls(
             enabled=enabled,
-            url=os.environ.get("KEMBED_REPORT_URL") or None,
-            token=os.environ.get("KEMBED_REPORT_TOKEN") or None,
+            url=os.environ.get(runtime.ENV_REPORT_URL) or None,
+            token=os.environ.get(runtime.ENV_REPORT_TOKEN) or None,
         )
 
     def emit(self, event: str, step: int, **fields: Any) -> None:

@@ -14,12 +14,21 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
-from kembed_trainer import checkpoint, config, data, embedding, malloc, metrics, models, report, sparsity
+from kembed_trainer import (
+    checkpoint,
+    config,
+    data,
+    embedding,
+    malloc,
+    metrics,
+    models,
+    report,
+    runtime,
+    sparsity,
+)
 from kembed_trainer import dist as kdist
 
-__all__ = ["EXIT_PREEMPTED", "Trainer"]
-
-EXIT_PREEMPTED = 143  # 128 + SIGTERM: the launcher restarts the job, which resumes from the checkpoint
+__all__ = ["Trainer"]
 
 
 class Trainer:
@@ -76,7 +85,7 @@ class Trainer:
         malloc.trim()  # the checkpoint's read buffers
         total = self.cfg.training.steps
         self.reporter.emit(
-            "started",
+            runtime.EVENT_STARTED,
             self.step,
             total_steps=total,
             world_size=self.env.world_size,
@@ -91,20 +100,20 @@ class Trainer:
             stop = self._sync_stop_and_loss(loss, window, started)
             if self._due(self.cfg.training.log_every):
                 stats = {**window.flush(self), **self.masks.stats()}
-                self.reporter.emit("progress", self.step, total_steps=total, **stats)
+                self.reporter.emit(runtime.EVENT_PROGRESS, self.step, total_steps=total, **stats)
             if self._due(self.cfg.training.eval_every) and self.step < total:
-                self.reporter.emit("eval", self.step, **self.evaluate())
+                self.reporter.emit(runtime.EVENT_EVAL, self.step, **self.evaluate())
             if stop:
                 self.save(wait=True)
-                return EXIT_PREEMPTED
+                return runtime.EXIT_STOPPED  # the platform starts it again; it resumes from this checkpoint
             if self._due(self.cfg.checkpoint.every_steps) and self.step < total:
                 self.save()
             self._report_saves(wait=False)
         result = self.evaluate()
-        self.reporter.emit("eval", self.step, **result)
+        self.reporter.emit(runtime.EVENT_EVAL, self.step, **result)
         self.save(wait=True)
         self.reporter.emit(
-            "done", self.step, eval=result, checkpoint=self._last_saved.uri if self._last_saved else None
+            runtime.EVENT_DONE, self.step, eval=result, checkpoint=self._last_saved.uri if self._last_saved else None
         )
         return 0
 
@@ -196,7 +205,7 @@ class Trainer:
         for saved in self.checkpointer.wait() if wait else self.checkpointer.poll():
             self._last_saved = saved
             self.reporter.emit(
-                "checkpoint",
+                runtime.EVENT_CHECKPOINT,
                 saved.step,
                 uri=saved.uri,
                 num_bytes=saved.num_bytes,

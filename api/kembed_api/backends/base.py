@@ -7,8 +7,9 @@ from typing import Any, Protocol
 
 from kembed_api.admission import Quota
 from kembed_api.spec import JobSpec
+from kembed_contract.lifecycle import JobState
 
-__all__ = ["Backend", "Exit", "Launch", "NotReady"]
+__all__ = ["Backend", "Exit", "Launch", "NotReady", "Observed"]
 
 
 class NotReady(Exception):
@@ -25,6 +26,17 @@ class Launch:
     attempt: int
     report_url: str
     report_token: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A gang that has not ended, in a state its backend decided (Kubernetes: the operator restarts gangs and
+    stops suspended ones itself). The dispatcher moves the job there by the lifecycle's table."""
+
+    state: JobState  # RUNNING, RESTARTING, PREEMPTED (stopping), QUEUED (suspended and stopped)
+    reason: str
+    message: str
+    restart_count: int  # gang restarts the backend has spent (of the job's max_restarts)
 
 
 @dataclass(frozen=True)
@@ -50,11 +62,16 @@ class Backend(Protocol):
     def start(self, launch: Launch) -> dict[str, Any]:
         """Start the gang; returns what must be stored to find it again after a restart."""
 
-    def poll(self, job_id: str) -> Exit | None:
-        """None while it runs; how it ended otherwise. Unknown jobs (not started by this process) end retryably."""
+    def poll(self, job_id: str) -> Exit | Observed | None:
+        """How the gang ended; or, where the backend itself restarts or stops gangs, the state it is in; None while
+        it runs (in the state the dispatcher gave it). Unknown jobs (not started by this process) end retryably."""
 
     def stop(self, job_id: str) -> None:
-        """Ask the trainers to checkpoint and exit (SIGTERM); returns at once."""
+        """Ask the trainers to checkpoint and exit (SIGTERM); returns at once. The job ends (cancel)."""
+
+    def preempt(self, job_id: str) -> None:
+        """Ask the trainers to checkpoint and exit (SIGTERM), keeping the job to start again later; returns at
+        once. Trainers still running after the grace period are killed (`kill_overdue`)."""
 
     def kill_overdue(self) -> None:
         """Force-stop trainers that ignored `stop` for longer than their grace period (called every pass)."""

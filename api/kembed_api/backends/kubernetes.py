@@ -1,8 +1,12 @@
 """The Kubernetes backend: an admitted job becomes an EmbeddingJob in its tenant's namespace; the operator runs it.
 
 The contract with the operator is kembed_api.resources. The API creates the per-job report-token Secret, then the
-EmbeddingJob; it cancels by setting spec.cancel; it follows the job by reading status.phase. Jobs live on in the
-cluster when the API restarts, so `reclaim` keeps following them instead of restarting them.
+EmbeddingJob; it cancels by setting spec.cancel, preempts by setting spec.suspend (and admits a preempted job
+again by clearing it); it follows the job by reading status. The operator restarts failed gangs itself (it spends
+max_restarts, by kembed_contract.lifecycle's rule) and reports what it did: RESTARTING with its restartCount,
+RUNNING again, PREEMPTED while a suspended gang stops, QUEUED once it has; the API's state machine follows
+(kembed_api.dispatcher), so a job reads the same on both backends. Jobs live on in the cluster when the API
+restarts, so `reclaim` keeps following them instead of restarting them.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from kubernetes.client.rest import ApiException
 
 from kembed_api import resources
 from kembed_api.admission import Quota
-from kembed_api.backends.base import Exit, Launch, NotReady
-from kembed_api.spec import JobSpec, JobState, parse_quantity
+from kembed_api.backends.base import Exit, Launch, NotReady, Observed
+from kembed_api.spec import JobSpec, parse_quantity
+from kembed_contract.lifecycle import JobState
 
 __all__ = ["KubernetesBackend"]
 
@@ -126,8 +131,13 @@ class KubernetesBackend:
             self.custom.create_namespaced_custom_object(resources.GROUP, resources.VERSION, namespace,
                                                         resources.EMBEDDING_JOB_PLURAL, manifest)
         except ApiException as error:
-            if error.status != 409:  # already created by an earlier, interrupted attempt: follow that one
+            if error.status != 409:
                 raise
+            # Already there: created by an earlier, interrupted attempt (follow that one), or preempted and now
+            # admitted again (its gang starts anew and resumes from its checkpoint).
+            self.custom.patch_namespaced_custom_object(
+                resources.GROUP, resources.VERSION, namespace, resources.EMBEDDING_JOB_PLURAL, launch.job_id,
+                {"spec": {"suspend": False, "report_url": launch.report_url}})
         return {"namespace": namespace, "name": launch.job_id, "attempt": launch.attempt}
 
     def _refresh(self) -> None:
@@ -140,7 +150,7 @@ class KubernetesBackend:
             self._jobs = {item["metadata"]["name"]: item for item in listed.get("items", [])}
             self._jobs_read_at = time.monotonic()
 
-    def poll(self, job_id: str) -> Exit | None:
+    def poll(self, job_id: str) -> Exit | Observed | None:
         self._refresh()
         obj = self._jobs.get(job_id)
         if obj is None:
@@ -153,15 +163,24 @@ class KubernetesBackend:
         if status.phase in (JobState.FAILED, JobState.CANCELLED):
             # The operator already spent the job's restarts; a failure here is final.
             return Exit(succeeded=False, retryable=False, reason=status.reason or "Failed", message=detail)
-        return None
+        if status.phase in (JobState.RUNNING, JobState.RESTARTING, JobState.PREEMPTED, JobState.QUEUED):
+            return Observed(state=status.phase, reason=status.reason or status.phase.title(),
+                            message=status.message or "", restart_count=status.restart_count)
+        return None  # ADMITTED (pods starting) or not yet seen by the operator
 
     def stop(self, job_id: str) -> None:
+        self._patch_spec(job_id, {"cancel": True})
+
+    def _patch_spec(self, job_id: str, fields: dict[str, Any]) -> None:
         self._refresh()
         obj = self._jobs.get(job_id)
         if obj is None:
             return
         self.custom.patch_namespaced_custom_object(resources.GROUP, resources.VERSION, obj["metadata"]["namespace"],
-                                                   resources.EMBEDDING_JOB_PLURAL, job_id, {"spec": {"cancel": True}})
+                                                   resources.EMBEDDING_JOB_PLURAL, job_id, {"spec": fields})
+
+    def preempt(self, job_id: str) -> None:
+        self._patch_spec(job_id, {"suspend": True})  # the batch Job is suspended: pods get SIGTERM and save
 
     def kill_overdue(self) -> None:
         pass  # the operator enforces the pods' termination grace

@@ -25,12 +25,14 @@ from kembed_api.admission import Quota
 from kembed_api.backends.base import Exit, Launch
 from kembed_api.ports import free_port
 from kembed_api.spec import JobSpec
+from kembed_contract import lifecycle
+from kembed_trainer import runtime
 
 __all__ = ["LocalBackend"]
 
-# Trainer exit codes (docs/trainer.md): 2 = bad config (retrying cannot help); 143 = stopped by SIGTERM after
-# its checkpoint. torchrun folds a worker's code into its own exit 1, so most failures count as retryable.
-_PERMANENT_EXIT_CODES = frozenset({2})
+# Each node runs under the trainer's launcher, which exits with the first failed rank's own code (torchrun
+# alone exits 1 whatever happened), so failures are judged by the lifecycle's one exit-code policy.
+_LAUNCHER = (sys.executable, "-m", "kembed_trainer.launch")
 
 
 @dataclass
@@ -38,7 +40,13 @@ class _Gang:
     processes: list[subprocess.Popen]
     log_files: list[Any]
     stop_requested_at: float | None = None
-    exit_codes: list[int | None] = field(default_factory=list)
+    collateral: set[int] = field(default_factory=set)  # nodes stopped by us: their exits do not decide
+
+
+def _exit_code(process: subprocess.Popen) -> int | None:
+    """The node's exit code as a shell reports it (128 + N when signal N ended it); None while it runs."""
+    code = process.poll()
+    return 128 - code if code is not None and code < 0 else code
 
 
 def _is_our_process(pid: int, job_id: str) -> bool:
@@ -128,9 +136,9 @@ class LocalBackend:
         port = free_port()
         env = {
             **os.environ,
-            "KEMBED_JOB_ID": launch.job_id,
-            "KEMBED_REPORT_URL": launch.report_url,
-            "KEMBED_REPORT_TOKEN": launch.report_token,
+            runtime.ENV_JOB_ID: launch.job_id,
+            runtime.ENV_REPORT_URL: launch.report_url,
+            runtime.ENV_REPORT_TOKEN: launch.report_token,
             "PYTHONUNBUFFERED": "1",
             # Share the cores among this job's ranks instead of letting each grab all of them.
             "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // resources.num_processes)),
@@ -140,14 +148,10 @@ class LocalBackend:
             log = open(log_dir / f"node-{node_rank}.log", "ab")  # noqa: SIM115 (kept open while the node runs)
             log.write(f"=== attempt {launch.attempt} of job {launch.job_id}, node {node_rank} ===\n".encode())
             log.flush()
-            command = [
-                sys.executable, "-m", "torch.distributed.run",
-                f"--nnodes={resources.nodes}", f"--node-rank={node_rank}",
-                f"--nproc-per-node={resources.procs_per_node}",
-                "--master-addr=127.0.0.1", f"--master-port={port}",
-                f"--rdzv-id={launch.job_id}",
-                "-m", "kembed_trainer", "--config", str(config_path),
-            ]
+            command = runtime.node_command(
+                _LAUNCHER, nnodes=resources.nodes, node_rank=node_rank, nproc_per_node=resources.procs_per_node,
+                master_addr="127.0.0.1", master_port=port, rdzv_id=launch.job_id, config=str(config_path),
+            )
             processes.append(
                 subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  cwd=job_dir, start_new_session=True)
@@ -163,8 +167,8 @@ class LocalBackend:
         if gang is None:
             return Exit(succeeded=False, retryable=True, reason="Lost",
                         message="the trainer processes are gone (the server restarted while they ran)")
-        codes = [p.poll() for p in gang.processes]
-        failed = [c for c in codes if c not in (None, 0)]
+        codes = [_exit_code(p) for p in gang.processes]
+        failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
         if failed and any(c is None for c in codes):
             # One node failed: the gang cannot go on without it, so the rest is stopped too (gang semantics).
             self.stop(job_id)
@@ -174,14 +178,13 @@ class LocalBackend:
         self._forget(job_id)
         if not failed:
             return Exit(succeeded=True, retryable=False, reason="Completed", message="all trainers exited 0")
-        tail = self.read_logs(job_id, tail_lines=12)
-        retryable = not any(c in _PERMANENT_EXIT_CODES for c in failed)
-        return Exit(
-            succeeded=False,
-            retryable=retryable,
-            reason="TrainerFailed" if retryable else "TrainerRejectedConfig",
-            message=f"trainer exit codes {codes}; last log lines:\n{tail}",
+        verdict = lifecycle.judge(
+            lifecycle.Failure(name=f"node {i}", index=i, exit_code=codes[i], collateral=i in gang.collateral)
+            for i in failed
         )
+        tail = self.read_logs(job_id, tail_lines=12)
+        return Exit(succeeded=False, retryable=verdict.retryable, reason=verdict.reason,
+                    message=f"{verdict.message}; trainer exit codes {codes}; last log lines:\n{tail}")
 
     def _forget(self, job_id: str) -> None:
         with self._lock:
@@ -196,9 +199,13 @@ class LocalBackend:
         if gang is None or gang.stop_requested_at is not None:
             return
         gang.stop_requested_at = time.monotonic()
-        for process in gang.processes:
+        for index, process in enumerate(gang.processes):
             if process.poll() is None:
+                gang.collateral.add(index)
                 _signal_group(process.pid, signal.SIGTERM)
+
+    def preempt(self, job_id: str) -> None:
+        self.stop(job_id)  # the same SIGTERM: the trainers save; the dispatcher queues the job again
 
     def kill_overdue(self) -> None:
         """SIGKILL gangs that ignored SIGTERM for longer than the grace period."""

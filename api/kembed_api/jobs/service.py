@@ -29,13 +29,15 @@ from kembed_api.jobs.schemas import (
     Progress,
     ReportRecord,
 )
-from kembed_api.spec import ACTIVE_STATES, TERMINAL_STATES, JobSpec, JobState
+from kembed_api.spec import JobSpec
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import quota_of
+from kembed_contract import lifecycle
+from kembed_contract.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState
+from kembed_trainer import runtime
 
 __all__ = [
     "CannotRun",
-    "InvalidTransition",
     "QueueFull",
     "DEMAND_COLUMNS",
     "demand_from_columns",
@@ -53,6 +55,7 @@ __all__ = [
     "queue_forecast",
     "read_job",
     "request_cancel",
+    "requeue",
     "Outcome",
     "Submission",
     "submit",
@@ -64,31 +67,8 @@ __all__ = [
 
 Clock = Callable[[], datetime]
 
-# Which state may follow which. Anything else is a bug in the caller, so it raises.
-_ALLOWED: dict[JobState, frozenset[JobState]] = {
-    JobState.QUEUED: frozenset({JobState.ADMITTED, JobState.CANCELLED, JobState.FAILED}),
-    JobState.ADMITTED: frozenset(
-        {JobState.RUNNING, JobState.RESTARTING, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED}
-    ),
-    JobState.RUNNING: frozenset(
-        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.RESTARTING, JobState.PREEMPTED}
-    ),
-    JobState.RESTARTING: frozenset(
-        {JobState.RUNNING, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.RESTARTING}
-    ),
-    JobState.PREEMPTED: frozenset({JobState.QUEUED, JobState.CANCELLED}),
-    JobState.SUCCEEDED: frozenset(),
-    JobState.FAILED: frozenset(),
-    JobState.CANCELLED: frozenset(),
-}
-
-
 class JobNotFound(LookupError):
     """No such job for this tenant (another tenant's job is indistinguishable from a missing one)."""
-
-
-class InvalidTransition(RuntimeError):
-    pass
 
 
 class CannotRun(ValueError):
@@ -157,8 +137,7 @@ def transition(
 ) -> None:
     """Move `job` to `state`, stamp the times and record the event."""
     current = JobState(job.state)
-    if state not in _ALLOWED[current]:
-        raise InvalidTransition(f"job {job.id}: {current} -> {state} is not allowed")
+    lifecycle.check_transition(current, state, job=f"job {job.id}")
     now = now or utcnow()
     if JobState.QUEUED in (current, state):  # left the queue, or back in it at its old place
         queue_changed(session, tenant_id=job.tenant_id, joined=1 if state is JobState.QUEUED else -1, moved=True)
@@ -170,6 +149,18 @@ def transition(
     elif state in TERMINAL_STATES:
         job.finished_at = now
     session.add(JobEvent(job_seq=job.seq, time=now, state=state, reason=reason, message=message))
+
+
+def requeue(session: Session, job: Job, *, now: datetime | None = None) -> None:
+    """A preempted job whose trainers have stopped goes back to its tenant's queue at its old place (its priority
+    and submission order are unchanged) and resumes from its latest complete checkpoint when admitted again. The
+    event says how many reported steps that checkpoint is behind the last one (0 when the trainers saved on
+    SIGTERM within the grace period; more when they were killed)."""
+    job.backend_state = {}
+    lost = max(0, job.step - (job.checkpoint_step or 0))
+    where = f"checkpoint step {job.checkpoint_step}" if job.checkpoint_step is not None else "the start"
+    transition(session, job, JobState.QUEUED, reason="Requeued",
+               message=f"stopped at step {job.step}; resumes from {where}; lost_steps={lost}", now=now)
 
 
 def queue_changed(session: Session | Connection, *, tenant_id: int, joined: int, moved: bool) -> None:
@@ -624,7 +615,7 @@ def request_cancel(session: Session, *, tenant: Tenant, job_id: str, now: dateti
     state = JobState(job.state)
     if state in TERMINAL_STATES:
         return job
-    if state in (JobState.QUEUED, JobState.PREEMPTED):
+    if state is JobState.QUEUED:
         transition(session, job, JobState.CANCELLED, reason="Cancelled", message="cancelled before it started",
                    now=now)
     else:
@@ -643,16 +634,16 @@ def apply_report(session: Session, *, job: Job, record: ReportRecord, now: datet
     values: dict[str, Any] = {k: v for k, v in record.model_dump().items() if k not in _RECORD_KEYS}
     if JobState(job.state) in TERMINAL_STATES:
         return  # late records of a finished job change nothing
-    job.step = max(job.step, record.step) if record.event != "started" else record.step
+    job.step = max(job.step, record.step) if record.event != runtime.EVENT_STARTED else record.step
     if record.model_extra and isinstance(record.model_extra.get("total_steps"), int):
         job.total_steps = record.model_extra["total_steps"]
-    if record.event == "progress":
+    if record.event == runtime.EVENT_PROGRESS:
         job.metrics = {**job.metrics, **values}
-    elif record.event == "eval":
+    elif record.event == runtime.EVENT_EVAL:
         job.metrics = {**job.metrics, **{f"eval_{k}": v for k, v in values.items()}}
-    elif record.event == "checkpoint" and isinstance(values.get("uri"), str):
+    elif record.event == runtime.EVENT_CHECKPOINT and isinstance(values.get("uri"), str):
         job.checkpoint_uri, job.checkpoint_step = values["uri"], record.step
-    elif record.event == "done":
+    elif record.event == runtime.EVENT_DONE:
         job.result = values.get("eval") if isinstance(values.get("eval"), dict) else {}
         if isinstance(values.get("checkpoint"), str):
             job.checkpoint_uri, job.checkpoint_step = values["checkpoint"], record.step

@@ -11,9 +11,10 @@ from sqlalchemy.orm import Session
 from kembed_api.admission import Quota
 from kembed_api.db import Executor, utcnow
 from kembed_api.jobs.models import Job
-from kembed_api.spec import ACTIVE_STATES, parse_quantity
+from kembed_api.spec import parse_quantity
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.schemas import QuotaSpec, TenantRead, Usage, UsageAmounts
+from kembed_contract.lifecycle import ACTIVE_STATES
 
 __all__ = [
     "TenantExists", "TenantNotFound", "create_tenant", "ensure_tenant", "get_tenant", "list_tenants", "quota_of",

@@ -1,0 +1,71 @@
+"""The one lifecycle: its transition table and its exit-code policy, as both backends and the operator use them."""
+
+from __future__ import annotations
+
+import pytest
+
+from kembed_contract import lifecycle
+from kembed_contract.lifecycle import JobState
+
+
+@pytest.mark.parametrize(("current", "new"), [
+    pytest.param(JobState.PREEMPTED, JobState.QUEUED, id="preempted-goes-back-to-the-queue"),
+    pytest.param(JobState.RUNNING, JobState.PREEMPTED, id="running-is-preempted"),
+    pytest.param(JobState.RESTARTING, JobState.RUNNING, id="restarted-gang-runs"),
+    pytest.param(JobState.ADMITTED, JobState.SUCCEEDED, id="gang-finished-between-two-looks"),
+    pytest.param(None, JobState.ADMITTED, id="a-new-resource-starts-admitted"),
+])
+def test_allowed_moves(current, new):
+    lifecycle.check_transition(current, new)
+
+
+@pytest.mark.parametrize(("current", "new"), [
+    pytest.param(JobState.PREEMPTED, JobState.ADMITTED, id="preempted-is-admitted-again-only-from-the-queue"),
+    pytest.param(JobState.QUEUED, JobState.RUNNING, id="no-running-without-admission"),
+    pytest.param(JobState.SUCCEEDED, JobState.RUNNING, id="terminal-is-terminal"),
+    pytest.param(JobState.CANCELLED, JobState.QUEUED, id="cancelled-is-terminal"),
+])
+def test_refused_moves(current, new):
+    with pytest.raises(lifecycle.InvalidTransition, match=f"{current} -> {new}"):
+        lifecycle.check_transition(current, new)
+
+
+def test_terminal_states_lead_nowhere_and_every_other_state_can_end():
+    for state in JobState:
+        if state in lifecycle.TERMINAL_STATES:
+            assert not lifecycle.TRANSITIONS[state]
+        else:
+            assert JobState.CANCELLED in lifecycle.TRANSITIONS[state]
+
+
+def test_a_preempted_job_holds_its_admission_until_its_trainers_stop():
+    assert JobState.PREEMPTED in lifecycle.ACTIVE_STATES and JobState.QUEUED not in lifecycle.ACTIVE_STATES
+
+
+def _node(index: int, code: int | None, *, collateral: bool = False) -> lifecycle.Failure:
+    return lifecycle.Failure(name=f"node {index}", index=index, exit_code=code, collateral=collateral)
+
+
+@pytest.mark.parametrize(("failures", "retryable", "reason"), [
+    pytest.param([_node(0, 2)], False, "TrainerExitedPermanently", id="bad-config"),
+    pytest.param([_node(0, 1)], False, "TrainerExitedPermanently", id="crash-is-permanent-on-every-backend"),
+    pytest.param([_node(0, 137), _node(1, 1)], True, "TrainerExitedRetryably", id="a-kill-explains-its-peers"),
+    pytest.param([_node(0, None)], True, "TrainerExitedRetryably", id="lost-node"),
+    pytest.param([_node(0, 1, collateral=True)], True, "GangDisrupted", id="stopped-by-us-does-not-decide"),
+    pytest.param([_node(0, 1), _node(1, 143, collateral=True)], False, "TrainerExitedPermanently",
+                 id="collateral-sigterm-does-not-excuse-a-crash"),
+])
+def test_one_exit_code_policy(failures, retryable, reason):
+    verdict = lifecycle.judge(failures)
+    assert (verdict.retryable, verdict.reason) == (retryable, reason)
+
+
+def test_restarts_are_spent_by_one_rule():
+    retry = lifecycle.Verdict(True, "TrainerExitedRetryably", "node 0 failed")
+    first = lifecycle.after_failure(retry, restarts_used=0, max_restarts=1)
+    assert (first.state, first.restart_count) == (JobState.RESTARTING, 1)
+    last = lifecycle.after_failure(retry, restarts_used=1, max_restarts=1)
+    assert (last.state, last.reason, last.restart_count) == (JobState.FAILED, "RestartLimitReached", 1)
+    permanent = lifecycle.after_failure(lifecycle.Verdict(False, "TrainerExitedPermanently", "x"),
+                                        restarts_used=0, max_restarts=5)
+    assert permanent.state is JobState.FAILED

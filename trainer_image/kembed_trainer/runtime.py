@@ -1,0 +1,97 @@
+"""The trainer's runtime contract: what every reader of a trainer (the API, the operator, the local backend, the
+CLI) relies on, defined once here and imported by all of them. Standard library only: the API and the operator
+import it without torch.
+
+- exit codes of `python -m kembed_trainer` (and of the launcher, kembed_trainer.launch, which passes the first
+  failed rank's own code through instead of torchrun's blanket 1);
+- the environment a trainer reads (`KEMBED_REPORT_*`, `KEMBED_JOB_ID`);
+- the names of the records rank 0 reports (JSON lines on stdout, POSTed to the API);
+- the checkpoint layout: `<uri>/step-N/`, counting only once its `COMPLETE` marker exists;
+- the command line that starts one node of a gang (torchrun's arguments, under the launcher);
+- how much sparse-optimizer state each optimizer keeps per embedding element (sizes shown at submission).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Sequence
+
+__all__ = [
+    "CHECKPOINT_MARKER",
+    "ENV_JOB_ID",
+    "ENV_REPORT_TOKEN",
+    "ENV_REPORT_URL",
+    "EVENT_CHECKPOINT",
+    "EVENT_DONE",
+    "EVENT_EVAL",
+    "EVENT_PROGRESS",
+    "EVENT_STARTED",
+    "EXIT_BAD_CONFIG",
+    "EXIT_OK",
+    "EXIT_STOPPED",
+    "OPTIMIZER_STATE_FLOATS",
+    "node_command",
+    "step_dir",
+    "step_of_dir",
+]
+
+# ---- exit codes ---------------------------------------------------------------------------------------------
+EXIT_OK = 0
+EXIT_BAD_CONFIG = 2  # the config does not validate: retrying cannot help
+EXIT_STOPPED = 128 + signal.SIGTERM  # 143: stopped by SIGTERM after saving a checkpoint (resumes from it)
+
+# ---- environment --------------------------------------------------------------------------------------------
+ENV_JOB_ID = "KEMBED_JOB_ID"  # the API's job id (log lines, process lookup after a server restart)
+ENV_REPORT_URL = "KEMBED_REPORT_URL"  # where rank 0 POSTs its records; unset: stdout only
+ENV_REPORT_TOKEN = "KEMBED_REPORT_TOKEN"  # the per-job bearer token for those POSTs
+
+# ---- report records (field "event") -------------------------------------------------------------------------
+EVENT_STARTED = "started"  # step = the step it resumed from (0 on a fresh start); resumed_from, total_steps
+EVENT_PROGRESS = "progress"  # every log_every steps: loss, samples/s, ...
+EVENT_EVAL = "eval"  # evaluation metrics
+EVENT_CHECKPOINT = "checkpoint"  # a checkpoint landed completely: uri, num_bytes, seconds
+EVENT_DONE = "done"  # the last record of a successful run: eval, checkpoint
+
+# ---- checkpoint layout --------------------------------------------------------------------------------------
+CHECKPOINT_MARKER = "COMPLETE"  # written last, by rank 0, once every rank's part is stored
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def step_dir(step: int) -> str:
+    """The folder (under the job's checkpoint URI) of the checkpoint taken after `step` steps."""
+    return f"step-{step}"
+
+
+def step_of_dir(name: str) -> int | None:
+    """The step of a checkpoint folder's name; None for anything else."""
+    match = _STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
+# ---- sparse-optimizer state, in floats per embedding element ------------------------------------------------
+# adagrad keeps one accumulator per element, row-wise adagrad one per row, adam two moments per element.
+OPTIMIZER_STATE_FLOATS = {
+    "sgd": lambda dim: 0.0,
+    "adagrad": lambda dim: 1.0,
+    "rowwise_adagrad": lambda dim: 1.0 / dim,
+    "adam": lambda dim: 2.0,
+}
+
+
+# ---- one node of a gang -------------------------------------------------------------------------------------
+def node_command(
+    launcher: Sequence[str], *, nnodes: int, node_rank: int | str, nproc_per_node: int, master_addr: str,
+    master_port: int, config: str, rdzv_id: str | None = None,
+) -> list[str]:
+    """The command line of one node: the launcher (e.g. `python -m kembed_trainer.launch`, or a copy of it in a
+    pod) with torchrun's arguments. Restarts are the platform's (the whole gang, from the checkpoint), never
+    torchrun's own, hence `--max-restarts=0`."""
+    command = [
+        *launcher,
+        f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc_per_node}",
+        f"--master-addr={master_addr}", f"--master-port={master_port}", "--max-restarts=0",
+    ]
+    if rdzv_id is not None:
+        command.append(f"--rdzv-id={rdzv_id}")
+    return [*command, "-m", "kembed_trainer", "--config", config]
