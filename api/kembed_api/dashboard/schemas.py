@@ -8,8 +8,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from kembed_api.jobs.schemas import Progress
-from kembed_api.spec import JobState
 from kembed_api.tenants.schemas import QuotaSpec, Usage, UsageAmounts
+from kembed_contract.lifecycle import JobState
 
 __all__ = ["Capacity", "ClusterOverview", "HistoryDay", "JobSummary", "TeamOverview", "TenantOverview", "UsageHistory"]
 

@@ -28,10 +28,10 @@ from kembed_api.db import Executor, utcnow
 from kembed_api.jobs.models import Job
 from kembed_api.jobs.schemas import Progress
 from kembed_api.jobs.service import expected_end
-from kembed_api.spec import ACTIVE_STATES, TERMINAL_STATES, JobState
 from kembed_api.tenants import service as tenants
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.schemas import UsageAmounts
+from kembed_contract.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState
 
 __all__ = ["QUEUE_LIMIT", "FINISHED_LIMIT", "cluster", "history", "overview", "to_csv"]
 
