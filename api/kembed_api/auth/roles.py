@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["Action", "Role", "allowed"]
+__all__ = ["Action", "Role", "allowed", "may_hold"]
 
 
 class Role(StrEnum):
@@ -31,3 +31,11 @@ _POLICY: dict[Role, frozenset[Action]] = {
 
 def allowed(role: Role, action: Action) -> bool:
     return action in _POLICY[role]
+
+
+def may_hold(caller: Role, token_role: Role) -> bool:
+    """Whether a caller may see, mint or revoke a token of `token_role`: only a token that can do no more than the
+    caller can. A tenant-admin manages its tenant's tenant-admins, members and viewers; a platform-admin token is
+    seen and touched by platform admins only, whichever tenant it belongs to (a tenant-admin of the tenant the
+    bootstrap token lives in could otherwise revoke, and so lock out, the platform's administrators)."""
+    return _POLICY[token_role] <= _POLICY[caller]

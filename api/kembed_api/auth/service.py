@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from kembed_api.auth.models import ApiToken
-from kembed_api.auth.roles import Role
+from kembed_api.auth.roles import Role, may_hold
 from kembed_api.db import utcnow
 from kembed_api.tenants.models import Tenant
 
@@ -54,12 +54,21 @@ def authenticate(session: Session, *, secret: str, now: datetime | None = None) 
     return token, tenant
 
 
-def list_tokens(session: Session, *, tenant: Tenant) -> list[ApiToken]:
-    return list(session.scalars(select(ApiToken).where(ApiToken.tenant_id == tenant.id).order_by(ApiToken.id)))
+def _visible_roles(caller: Role) -> list[str]:
+    return [role.value for role in Role if may_hold(caller, role)]
 
 
-def revoke_token(session: Session, *, tenant: Tenant, token_id: int, now: datetime | None = None) -> ApiToken | None:
-    token = session.scalar(select(ApiToken).where(ApiToken.id == token_id, ApiToken.tenant_id == tenant.id))
+def list_tokens(session: Session, *, tenant: Tenant, caller: Role) -> list[ApiToken]:
+    """The tenant's tokens the caller may see (never one that can do more than the caller)."""
+    return list(session.scalars(select(ApiToken).where(
+        ApiToken.tenant_id == tenant.id, ApiToken.role.in_(_visible_roles(caller))).order_by(ApiToken.id)))
+
+
+def revoke_token(session: Session, *, tenant: Tenant, token_id: int, caller: Role,
+                 now: datetime | None = None) -> ApiToken | None:
+    """Revoke one of the tenant's tokens; None (as if it did not exist) for a token the caller may not see."""
+    token = session.scalar(select(ApiToken).where(
+        ApiToken.id == token_id, ApiToken.tenant_id == tenant.id, ApiToken.role.in_(_visible_roles(caller))))
     if token is not None and token.revoked_at is None:
         token.revoked_at = now or utcnow()
     return token

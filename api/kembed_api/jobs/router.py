@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, 
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
 
-from kembed_api import checkpoints
+from kembed_api import checkpoints, errors
 from kembed_api.deps import Db, QueueForecasts, Reader, Submitter
 from kembed_api.jobs import service
 from kembed_api.jobs.forecasts import Forecasts
@@ -20,9 +20,10 @@ from kembed_contract.lifecycle import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-_NOT_FOUND = {404: {"description": "No such job for this tenant (another tenant's job is not found either)."}}
-_AUTH = {401: {"description": "Missing, invalid, expired or revoked token."},
-         403: {"description": "The token's role may not do this (viewers only read)."}}
+_NOT_FOUND_JOB = "No such job for this tenant (another tenant's job answers exactly like a missing one)."
+_READS = errors.responses(401, 404, s404=_NOT_FOUND_JOB)
+_WRITES = errors.responses(401, 403, 404, s403="The token's role may not do this (viewers only read).",
+                           s404=_NOT_FOUND_JOB)
 
 
 def _forecast_of(principal, forecasts: Forecasts):
@@ -40,9 +41,9 @@ def _not_found(job_id: str) -> HTTPException:
     status_code=status.HTTP_201_CREATED,
     responses={
         200: {"model": JobRead, "description": "A repeated Idempotency-Key: the job the first request created."},
-        422: {"description": "The spec is invalid or the job could never run here; `detail` names the field."},
-        429: {"description": "The tenant's queue is full (quota.max_queued_jobs)."},
-        **_AUTH,
+        **errors.responses(401, 403, 429, s403="The token's role may not submit (viewers only read).",
+                           s422="The spec is invalid, the job could never run here, or the Idempotency-Key was "
+                           "used before with a different spec; `detail` names the field."),
     },
     summary="Submit a job",
 )
@@ -52,14 +53,16 @@ async def submit_job(
     principal: Submitter,
     idempotency_key: Annotated[
         str | None,
-        Header(max_length=200, description="Retries with the same key return the first job instead of a new one."),
+        Header(min_length=1, max_length=200, pattern=r"^[!-~]+$",
+               description="Retries with the same key (and the same spec) return the first job instead of a new "
+               "one; the same key with a different spec is refused (422). 1-200 visible ASCII characters."),
     ] = None,
 ) -> Response:
     # Stored by the intake's writer together with whatever else arrived meanwhile (kembed_api.jobs.intake).
     submission = service.Submission(tenant_id=principal.tenant.id, spec=spec, idempotency_key=idempotency_key)
     try:
         read, created = await request.app.state.intake.submit(submission)
-    except service.CannotRun as error:
+    except (service.CannotRun, service.KeyReused) as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(error)) from error
     except service.QueueFull as error:
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, detail=str(error)) from error
@@ -67,7 +70,7 @@ async def submit_job(
     return ModelResponse(read, status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
-@router.get("", response_model=JobList, responses=_AUTH, summary="List jobs, newest first")
+@router.get("", response_model=JobList, responses=errors.responses(401), summary="List jobs, newest first")
 def list_jobs(
     db: Db,
     principal: Reader,
@@ -88,7 +91,7 @@ def list_jobs(
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=f"cursor: {error}") from error
 
 
-@router.get("/{job_id}", response_model=JobRead, responses={**_NOT_FOUND, **_AUTH}, summary="One job with its events")
+@router.get("/{job_id}", response_model=JobRead, responses=_READS, summary="One job with its events")
 async def get_job(job_id: str, db: Db, principal: Reader, forecasts: QueueForecasts) -> Response:
     try:
         return ModelResponse(await db.read(lambda connection: service.read_job(
@@ -101,7 +104,7 @@ async def get_job(job_id: str, db: Db, principal: Reader, forecasts: QueueForeca
     "/{job_id}/cancel",
     response_model=JobRead,
     status_code=status.HTTP_202_ACCEPTED,
-    responses={**_NOT_FOUND, **_AUTH},
+    responses=_WRITES,
     summary="Cancel a job (a running one saves a checkpoint first)",
 )
 def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, forecasts: QueueForecasts) -> Response:
@@ -120,7 +123,7 @@ def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, fore
 @router.get(
     "/{job_id}/logs",
     response_class=PlainTextResponse,
-    responses={**_NOT_FOUND, **_AUTH, 200: {"content": {"text/plain": {}}, "description": "The trainers' output."}},
+    responses={**_READS, 200: {"content": {"text/plain": {}}, "description": "The trainers' output."}},
     summary="Trainer logs",
 )
 def job_logs(
@@ -142,7 +145,7 @@ def _job_of(session, principal, job_id: str) -> Job:
         raise _not_found(job_id) from None
 
 
-@router.get("/{job_id}/events", response_model=list[JobEventRead], responses={**_NOT_FOUND, **_AUTH},
+@router.get("/{job_id}/events", response_model=list[JobEventRead], responses=_READS,
             summary="Every state change of a job, with time, reason and message")
 def job_events(job_id: str, db: Db, principal: Reader) -> list[JobEventRead]:
     with db.session() as session:
@@ -150,7 +153,7 @@ def job_events(job_id: str, db: Db, principal: Reader) -> list[JobEventRead]:
 
 
 @router.get("/{job_id}/checkpoints", response_model=list[checkpoints.CheckpointRead],
-            responses={**_NOT_FOUND, **_AUTH}, summary="Complete checkpoints with step, time and size")
+            responses=_READS, summary="Complete checkpoints with step, time and size")
 def job_checkpoints(job_id: str, db: Db, principal: Reader) -> list[checkpoints.CheckpointRead]:
     with db.session() as session:
         job = _job_of(session, principal, job_id)
@@ -158,7 +161,7 @@ def job_checkpoints(job_id: str, db: Db, principal: Reader) -> list[checkpoints.
     return checkpoints.list_checkpoints(uri) if uri else []
 
 
-@router.get("/{job_id}/metrics", response_model=list[JobMetricRead], responses={**_NOT_FOUND, **_AUTH},
+@router.get("/{job_id}/metrics", response_model=list[JobMetricRead], responses=_READS,
             summary="The series of records the trainer reported")
 def job_metrics(
     job_id: str,
@@ -175,7 +178,8 @@ def job_metrics(
 @router.post(
     "/{job_id}/reports",
     status_code=status.HTTP_204_NO_CONTENT,
-    responses={**_NOT_FOUND, 401: {"description": "Missing or wrong per-job report token."}},
+    responses=errors.responses(401, 404, s401="No report token was sent.",
+                               s404="No such job for this token: a missing job and a wrong token answer alike."),
     summary="Trainer progress report (rank 0, per-job token)",
 )
 def report(
@@ -185,13 +189,16 @@ def report(
     authorization: Annotated[str | None, Header(description="Bearer <per-job report token>")] = None,
 ) -> Response:
     token = (authorization or "").removeprefix("Bearer ").strip()
+    if not token:  # said before the job is looked up: the answer is the same whether it exists or not
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="missing report token: send `Authorization: "
+                            "Bearer <the job's report token>`", headers={"WWW-Authenticate": "Bearer"})
     with db.session(write=True) as session:
         # Trainers hold a token for their own job only, so the job is found by id alone, then the token checked.
-        job = session.scalar(select(Job).where(Job.id == job_id).with_for_update())
-        if job is None:
+        # A wrong token answers exactly as a missing job does: a report token of one job (or none) must not
+        # tell which other jobs exist.
+        job = session.scalar(select(Job).where(Job.id == job_id).with_for_update()) if service.is_job_id(
+            job_id) else None
+        if not service.verify_report_token(job, token):
             raise _not_found(job_id)
-        if not token or not service.verify_report_token(job, token):
-            raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="invalid report token for this job",
-                                headers={"WWW-Authenticate": "Bearer"})
         service.apply_report(session, job=job, record=record)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

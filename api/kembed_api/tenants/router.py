@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import re
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Request, Response, status
+from fastapi import APIRouter, HTTPException, Path, Request, Response, status
 
+from kembed_api import errors
 from kembed_api.auth import service as auth_service
 from kembed_api.auth.models import ApiToken
-from kembed_api.auth.roles import Role
+from kembed_api.auth.roles import Role, may_hold
 from kembed_api.deps import Admin, Db, Principal, Reader, TokenManager
 from kembed_api.responses import ModelResponse
 from kembed_api.tenants import service
@@ -28,12 +31,15 @@ from kembed_api.tenants.schemas import (
 router = APIRouter(tags=["tenants"])
 log = logging.getLogger(__name__)
 
-_NOT_FOUND = {404: {"description": "No such tenant (or not yours)."}}
+_TENANT_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_NOT_FOUND_TENANT = "No such tenant, or not the caller's (another tenant's answers exactly like a missing one)."
+_ADMIN_ONLY = "Only platform admins may do this."
+TokenId = Annotated[int, Path(ge=1, le=2**31 - 1, description="The token's id (from the token list).")]
 
 
 def _tenant_for(principal: Principal, session, name: str) -> Tenant:
     """The named tenant, if the caller may see it: its own, or any for a platform admin. Else 404."""
-    if principal.role is not Role.PLATFORM_ADMIN and principal.tenant.name != name:
+    if (principal.role is not Role.PLATFORM_ADMIN and principal.tenant.name != name) or not _TENANT_NAME.match(name):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"tenant {name!r} not found")
     try:
         return service.get_tenant(session, name=name)
@@ -42,7 +48,8 @@ def _tenant_for(principal: Principal, session, name: str) -> Tenant:
 
 
 @router.post("/v1/tenants", response_model=TenantRead, status_code=status.HTTP_201_CREATED,
-             responses={409: {"description": "A tenant of that name exists."}}, summary="Create a tenant")
+             responses=errors.responses(401, 403, 409, s403=_ADMIN_ONLY, s409="A tenant of that name exists."),
+             summary="Create a tenant")
 def create_tenant(body: TenantCreate, request: Request, db: Db, _: Admin) -> TenantRead:
     try:
         with db.session(write=True) as session:
@@ -61,19 +68,23 @@ def _sync(request: Request, tenant: Tenant) -> None:
         log.warning("could not sync tenant %s to the backend", tenant.name, exc_info=True)
 
 
-@router.get("/v1/tenants", response_model=TenantList, summary="List tenants")
+@router.get("/v1/tenants", response_model=TenantList, responses=errors.responses(401, 403, s403=_ADMIN_ONLY),
+            summary="List tenants")
 def list_tenants(db: Db, _: Admin) -> TenantList:
     with db.session() as session:
         return TenantList(items=[service.to_read(t) for t in service.list_tenants(session)])
 
 
-@router.get("/v1/tenants/{name}", response_model=TenantRead, responses=_NOT_FOUND, summary="One tenant")
+@router.get("/v1/tenants/{name}", response_model=TenantRead, responses=errors.responses(401, 404, s404=_NOT_FOUND_TENANT),
+            summary="One tenant")
 def get_tenant(name: str, db: Db, principal: Reader) -> TenantRead:
     with db.session() as session:
         return service.to_read(_tenant_for(principal, session, name))
 
 
-@router.patch("/v1/tenants/{name}", response_model=TenantRead, responses=_NOT_FOUND, summary="Set a tenant's quota")
+@router.patch("/v1/tenants/{name}", response_model=TenantRead,
+              responses=errors.responses(401, 403, 404, s403=_ADMIN_ONLY, s404=_NOT_FOUND_TENANT),
+              summary="Set a tenant's quota")
 def update_tenant(name: str, body: TenantUpdate, request: Request, db: Db, principal: Admin) -> TenantRead:
     with db.session(write=True) as session:
         tenant = _tenant_for(principal, session, name)
@@ -85,14 +96,15 @@ def update_tenant(name: str, body: TenantUpdate, request: Request, db: Db, princ
     return read
 
 
-@router.get("/v1/tenants/{name}/usage", response_model=Usage, responses=_NOT_FOUND,
+@router.get("/v1/tenants/{name}/usage", response_model=Usage, responses=errors.responses(401, 404, s404=_NOT_FOUND_TENANT),
             summary="A tenant's quota against its use")
 def tenant_usage(name: str, db: Db, principal: Reader) -> Response:
     with db.session() as session:
         return ModelResponse(service.usage(session, tenant=_tenant_for(principal, session, name)))
 
 
-@router.get("/v1/usage", response_model=Usage, summary="The caller's tenant: quota, use, queue, GPU-hours")
+@router.get("/v1/usage", response_model=Usage, responses=errors.responses(401),
+            summary="The caller's tenant: quota, use, queue, GPU-hours")
 async def my_usage(db: Db, principal: Reader) -> Response:
     return ModelResponse(await db.read(lambda connection: service.usage(connection, tenant=principal.tenant)))
 
@@ -104,11 +116,14 @@ def _token_read(token: ApiToken) -> TokenRead:
 
 
 @router.post("/v1/tenants/{name}/tokens", response_model=TokenCreated, status_code=status.HTTP_201_CREATED,
-             responses={**_NOT_FOUND, 403: {"description": "Only platform admins mint platform-admin tokens."}},
+             responses=errors.responses(401, 403, 404, s404=_NOT_FOUND_TENANT,
+                                        s403="The role may not manage tokens, or may not mint one of this role "
+                                        "(only platform admins mint platform-admin tokens)."),
              summary="Create a token (its secret is shown once)")
 def create_token(name: str, body: TokenCreate, db: Db, principal: TokenManager) -> TokenCreated:
-    if body.role is Role.PLATFORM_ADMIN and principal.role is not Role.PLATFORM_ADMIN:
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "only a platform-admin may create platform-admin tokens")
+    if not may_hold(principal.role, body.role):
+        raise HTTPException(status.HTTP_403_FORBIDDEN,
+                            f"role: a {principal.role.value} may not create {body.role.value} tokens")
     with db.session(write=True) as session:
         tenant = _tenant_for(principal, session, name)
         token, secret = auth_service.create_token(session, tenant=tenant, name=body.name, role=body.role,
@@ -116,20 +131,25 @@ def create_token(name: str, body: TokenCreate, db: Db, principal: TokenManager) 
         return TokenCreated(**_token_read(token).model_dump(), token=secret)
 
 
-@router.get("/v1/tenants/{name}/tokens", response_model=TokenList, responses=_NOT_FOUND,
-            summary="List a tenant's tokens (never their secrets)")
+@router.get("/v1/tenants/{name}/tokens", response_model=TokenList,
+            responses=errors.responses(401, 403, 404, s404=_NOT_FOUND_TENANT),
+            summary="List a tenant's tokens (never their secrets; platform-admin tokens to platform admins only)")
 def list_tokens(name: str, db: Db, principal: TokenManager) -> TokenList:
     with db.session() as session:
         tenant = _tenant_for(principal, session, name)
-        return TokenList(items=[_token_read(t) for t in auth_service.list_tokens(session, tenant=tenant)])
+        return TokenList(items=[_token_read(t) for t in auth_service.list_tokens(session, tenant=tenant,
+                                                                                 caller=principal.role)])
 
 
 @router.delete("/v1/tenants/{name}/tokens/{token_id}", status_code=status.HTTP_204_NO_CONTENT,
-               responses=_NOT_FOUND, summary="Revoke a token")
-def revoke_token(name: str, token_id: int, request: Request, db: Db, principal: TokenManager) -> Response:
+               responses=errors.responses(
+                   401, 403, 404, s404="No such token or tenant for the caller (a token the caller may not see, "
+                   "such as a platform admin's, answers exactly like a missing one)."),
+               summary="Revoke a token")
+def revoke_token(name: str, token_id: TokenId, request: Request, db: Db, principal: TokenManager) -> Response:
     with db.session(write=True) as session:
         tenant = _tenant_for(principal, session, name)
-        if auth_service.revoke_token(session, tenant=tenant, token_id=token_id) is None:
+        if auth_service.revoke_token(session, tenant=tenant, token_id=token_id, caller=principal.role) is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"token {token_id} not found")
     request.app.state.principals.clear()  # the revoked token stops working here at once
     return Response(status_code=status.HTTP_204_NO_CONTENT)
