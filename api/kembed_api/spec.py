@@ -6,6 +6,8 @@ validates here is a job the trainer accepts.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from typing import Annotated
 
@@ -127,6 +129,12 @@ class JobSpec(BaseModel):
         description=f"Free-form labels shown with the job: at most {_MAX_LABELS}, keys up to 128 characters "
         "(letters, digits, '-', '_', '.', '/'), values up to 256.")
     trainer: TrainerConfig = Field(description="The trainer's configuration (see docs/job-spec.md).")
+
+    def canonical_hash(self) -> str:
+        """SHA-256 of the spec as validated: the same request whatever its key order, spacing or spelled-out
+        defaults (`{"priority": 0}` or nothing) hashes the same."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        return hashlib.sha256(text.encode()).hexdigest()
 
     @field_validator("name")
     @classmethod

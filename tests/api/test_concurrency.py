@@ -111,7 +111,8 @@ def test_concurrent_submissions_never_overfill_a_queue_and_one_key_stores_one_jo
                                              json={"name": "ci", "role": "member"}).json()["token"])
 
         def submit(i: int, tenant: str, headers: dict[str, str]) -> httpx.Response:
-            return httpx.post(f"{servers[i % replicas].url}/v1/jobs", json=make_spec(f"job-{i}").build(),
+            name = "retried" if headers else f"job-{i}"  # a retry with a key resends the same spec
+            return httpx.post(f"{servers[i % replicas].url}/v1/jobs", json=make_spec(name).build(),
                               headers={**tokens[tenant], **headers}, timeout=60)
 
         with ThreadPoolExecutor(max_workers=50) as pool:

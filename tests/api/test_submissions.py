@@ -45,12 +45,14 @@ def test_one_refused_submission_does_not_fail_the_rest_of_its_batch(db):
             _submission(tenant, "fine"),
             _submission(tenant, "foreign", checkpoint_uri="file:///c/other-team/x"),
             _submission(tenant, "also-fine", key="k"),
-            _submission(tenant, "again", key="k"),
+            _submission(tenant, "also-fine", key="k"),
+            _submission(tenant, "other-spec", key="k"),
         ], checkpoint_root="file:///c")
-    fine, foreign, keyed, repeated = outcomes
+    fine, foreign, keyed, repeated, reused = outcomes
     assert fine[1] and keyed[1] and fine[0].spec.trainer.checkpoint.uri.startswith("file:///c/default/fine-")
     assert isinstance(foreign, service.CannotRun) and "trainer.checkpoint.uri" in str(foreign)
     assert repeated == (keyed[0], False)  # the same key within one batch: the first's job, not a second one
+    assert isinstance(reused, service.KeyReused)  # ... unless the spec differs
     with db.session() as session:
         stored = service.list_jobs(session, tenant=tenant, forecast=dict).items
     assert [job.name for job in stored] == ["also-fine", "fine"]

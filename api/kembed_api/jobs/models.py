@@ -33,6 +33,9 @@ class Job(Base):
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     processes: Mapped[int] = mapped_column(Integer, default=0)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
+    # SHA-256 of the submitted spec (JobSpec.canonical_hash) of a keyed submission: a repeat of the key must
+    # send the same spec. NULL without a key, and for jobs stored before it was kept.
+    spec_hash: Mapped[str | None] = mapped_column(String(64), default=None)
 
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(String(64))

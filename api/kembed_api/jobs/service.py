@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hmac
+import re
 import secrets
 import string
 from collections import Counter
@@ -38,6 +39,7 @@ from kembed_trainer import runtime
 
 __all__ = [
     "CannotRun",
+    "KeyReused",
     "QueueFull",
     "DEMAND_COLUMNS",
     "demand_from_columns",
@@ -46,6 +48,7 @@ __all__ = [
     "JobNotFound",
     "apply_report",
     "get_job",
+    "is_job_id",
     "list_events",
     "list_jobs",
     "list_metrics",
@@ -77,6 +80,20 @@ class CannotRun(ValueError):
 
 class QueueFull(RuntimeError):
     """The tenant already has as many queued jobs as its quota allows (429)."""
+
+
+class KeyReused(ValueError):
+    """An Idempotency-Key the tenant used before, now with a different spec (422): a retry must send the same
+    request, and a different job needs a key of its own."""
+
+
+# What a job id can be (a DNS label: the name, '-', 5 characters). Anything else is no job, answered before any
+# statement runs (PostgreSQL refuses NUL characters outright).
+_JOB_ID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def is_job_id(job_id: str) -> bool:
+    return _JOB_ID.match(job_id) is not None
 
 
 # Statements of the paths every read and submission takes, built once with bound parameters: building a select()
@@ -128,8 +145,12 @@ def new_report_token() -> tuple[str, str]:
     return token, hash_secret(token)
 
 
-def verify_report_token(job: Job, token: str) -> bool:
-    return job.report_token_hash is not None and hmac.compare_digest(job.report_token_hash, hash_secret(token))
+def verify_report_token(job: Job | None, token: str) -> bool:
+    """Whether `token` is the report token of `job`; False for no job (the token is hashed all the same, so that
+    the time taken does not tell a missing job from a wrong token)."""
+    given = hash_secret(token)
+    expected = job.report_token_hash if job is not None else None
+    return hmac.compare_digest(expected or "-" * len(given), given) and expected is not None
 
 
 def transition(
@@ -177,12 +198,17 @@ class Submission:
     spec: JobSpec
     idempotency_key: str | None = None
 
+    @property
+    def spec_hash(self) -> str | None:
+        """What a repeated Idempotency-Key is compared by (only keyed submissions need it)."""
+        return self.spec.canonical_hash() if self.idempotency_key is not None else None
+
 
 # What storing one submission came to: the job's answer and whether it was created (False: an Idempotency-Key
 # seen before), or why it was refused.
-Outcome = tuple[JobRead, bool] | CannotRun | QueueFull
+Outcome = tuple[JobRead, bool] | CannotRun | QueueFull | KeyReused
 
-_JOBS_OF_KEYS = (select(_JOBS.c.id, _JOBS.c.tenant_id, _JOBS.c.idempotency_key)
+_JOBS_OF_KEYS = (select(_JOBS.c.id, _JOBS.c.tenant_id, _JOBS.c.idempotency_key, _JOBS.c.spec_hash)
                  .where(tuple_(_JOBS.c.tenant_id, _JOBS.c.idempotency_key).in_(bindparam("keys", expanding=True))))
 # The tenants' rows as they are now (locked), as plain rows: a batch reads their quotas and queue lengths.
 _TENANTS_FOR_UPDATE = select(_TENANTS).where(_TENANTS.c.id.in_(bindparam("ids", expanding=True))).with_for_update()
@@ -282,14 +308,22 @@ def submit_many(
     for i, submission in enumerate(submissions):
         tenant, key = tenants[submission.tenant_id], (submission.tenant_id, submission.idempotency_key)
         if key in known:
-            outcomes[i] = (_read_stored(session, known[key], tenant=tenant), False)
+            # A job stored before spec hashes were kept (NULL) answers any repeat, as it always did.
+            if known[key].spec_hash not in (None, submission.spec_hash):
+                outcomes[i] = _key_reused(submission.idempotency_key)
+            else:
+                outcomes[i] = (_read_stored(session, known[key], tenant=tenant), False)
             continue
         if key in first_with_key:
-            repeats.append((i, first_with_key[key]))  # answered below, from the job the first one creates
+            if submissions[first_with_key[key]].spec_hash != submission.spec_hash:
+                outcomes[i] = _key_reused(submission.idempotency_key)
+            else:
+                repeats.append((i, first_with_key[key]))  # answered below, from the job the first one creates
             continue
         try:
             job = _new_job(submission.spec, tenant=tenant, checkpoint_root=checkpoint_root, now=now,
-                           idempotency_key=submission.idempotency_key, taken_ids=taken_ids)
+                           idempotency_key=submission.idempotency_key, spec_hash=submission.spec_hash,
+                           taken_ids=taken_ids)
         except CannotRun as refused:
             outcomes[i] = refused
             continue
@@ -324,11 +358,16 @@ def submit_many(
     return outcomes
 
 
+def _key_reused(key: str | None) -> KeyReused:
+    return KeyReused(f"header.idempotency-key: {key!r} was used before with a different spec; resend the same "
+                     "spec to get that job, or use a new key for a new job")
+
+
 def submit(
     session: Session, *, tenant: Tenant, spec: JobSpec, checkpoint_root: str, idempotency_key: str | None = None,
     now: datetime | None = None,
 ) -> tuple[JobRead, bool]:
-    """One submission (see submit_many); raises CannotRun or QueueFull."""
+    """One submission (see submit_many); raises CannotRun, QueueFull or KeyReused."""
     outcome = submit_many(session, [Submission(tenant.id, spec, idempotency_key)], checkpoint_root=checkpoint_root,
                           now=now)[0]
     if isinstance(outcome, Exception):
@@ -354,7 +393,7 @@ class _NewJob:
 
 
 def _new_job(spec: JobSpec, *, tenant: Row, checkpoint_root: str, now: datetime, idempotency_key: str | None,
-             taken_ids: set[str]) -> _NewJob:
+             spec_hash: str | None, taken_ids: set[str]) -> _NewJob:
     """The QUEUED job a valid submission becomes (not yet stored); raises CannotRun."""
     _check_can_run(spec, tenant=tenant)
     job_id = _new_job_id(spec.name)
@@ -374,7 +413,7 @@ def _new_job(spec: JobSpec, *, tenant: Row, checkpoint_root: str, now: datetime,
     return _NewJob(row=dict(
         id=job_id, tenant_id=tenant.id, name=spec.name, spec=spec.model_dump(mode="json"), priority=spec.priority,
         gpus=demand.gpus, cpu=demand.cpu, memory_bytes=demand.memory_bytes, processes=demand.processes,
-        idempotency_key=idempotency_key, state=JobState.QUEUED, reason="Submitted", message="waiting for admission",
+        idempotency_key=idempotency_key, spec_hash=spec_hash, state=JobState.QUEUED, reason="Submitted", message="waiting for admission",
         cancel_requested=False, restart_count=0, created_at=now, admitted_at=None, started_at=None,
         finished_at=None, step=0, total_steps=spec.trainer.training.steps, metrics={},
         checkpoint_uri=None, checkpoint_step=None, backend_state={}, report_token_hash=None,
@@ -408,6 +447,8 @@ def describe(demand: Demand) -> str:
 
 
 def get_job(session: Session, *, tenant: Tenant, job_id: str, for_update: bool = False) -> Job:
+    if not is_job_id(job_id):
+        raise JobNotFound(job_id)
     job = session.scalar(_JOB_OF_TENANT_FOR_UPDATE if for_update else _JOB_OF_TENANT,
                          {"job_id": job_id, "tenant_id": tenant.id})
     if job is None:
@@ -593,7 +634,8 @@ def read_job(
     `forecast(seq, queue_version)` gives what the tenant's cached forecast knows of a queued job: its position
     (None unless the forecast was taken at this queue version) and its estimated start (None if unknown).
     """
-    rows = session.execute(_JOB_ROWS_WITH_EVENTS, {"job_id": job_id, "tenant_id": tenant.id}).all()
+    rows = session.execute(_JOB_ROWS_WITH_EVENTS, {"job_id": job_id, "tenant_id": tenant.id}).all() if is_job_id(
+        job_id) else []
     if not rows:
         raise JobNotFound(job_id)
     row = rows[0]
