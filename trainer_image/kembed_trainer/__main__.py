@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     # Heavy imports only after the config is known to be good, so a typo fails in milliseconds.
     from kembed_trainer import dist, report, train
 
-    env = dist.setup(cfg.distributed.backend, cfg.training.threads)
+    env = dist.setup(cfg.distributed.backend, cfg.training.threads, cpu_only=cfg.model.kind == "word2vec")
     reporter = report.Reporter.from_env(enabled=env.is_main)
     try:
         trainer = train.Trainer(cfg, env, reporter)

@@ -32,6 +32,7 @@ __all__ = [
     "TrainingConfig",
     "TwoTowerConfig",
     "ValidationError",
+    "WORD2VEC_SPARSE_OPTIMIZER",
     "Word2VecConfig",
     "format_validation_error",
     "load_config",
@@ -262,9 +263,18 @@ class SparseOptimizerConfig(_Strict):
 
     name: Literal["sgd", "adagrad", "rowwise_adagrad", "adam"] = "rowwise_adagrad"
     lr: LearningRate = 0.05
+    min_lr: LearningRate | None = Field(
+        None,
+        description="The lr falls linearly from `lr` to this at the last step (word2vec's alpha to min_alpha); "
+        "null = constant lr.",
+    )
     eps: _float(gt=0, le=1) = 1e-8
     beta1: Fraction = Field(0.9, description="adam only.")
     beta2: Fraction = Field(0.999, description="adam only.")
+
+
+WORD2VEC_SPARSE_OPTIMIZER = {"name": "sgd", "lr": 0.025, "min_lr": 0.0001}
+"""gensim's defaults (alpha 0.025 falling to min_alpha 0.0001): what word2vec's unset optimizer fields take."""
 
 
 class DenseOptimizerConfig(_Strict):
@@ -376,6 +386,24 @@ class TrainerConfig(_Strict):
         None, description="Dynamic sparse masks over the dense weights; null = dense."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _word2vec_optimizer_defaults(cls, raw: object) -> object:
+        """word2vec's sparse optimizer fields not given take gensim's values (`WORD2VEC_SPARSE_OPTIMIZER`)."""
+        if not isinstance(raw, dict):
+            return raw
+        model = raw.get("model")
+        kind = model.get("kind") if isinstance(model, dict) else getattr(model, "kind", None)
+        optimizer = raw.get("optimizer", {})
+        if (
+            kind != "word2vec"
+            or not isinstance(optimizer, dict)
+            or not isinstance(optimizer.get("sparse", {}), dict)
+        ):
+            return raw
+        sparse = {**WORD2VEC_SPARSE_OPTIMIZER, **optimizer.get("sparse", {})}
+        return {**raw, "optimizer": {**optimizer, "sparse": sparse}}
+
     @model_validator(mode="after")
     def _model_fits_tables(self) -> TrainerConfig:
         features = set(self.embeddings.features)
@@ -399,6 +427,7 @@ class TrainerConfig(_Strict):
                 raise ValueError("word2vec: needs two tables, one with feature 'center', one with 'context'")
             if by_feature["center"].embedding_dim != by_feature["context"].embedding_dim:
                 raise ValueError("word2vec: the center and context tables need the same embedding_dim")
+            self._check_word2vec_fits_its_trainer()
         if self.model.kind == "dlrm":
             dims = {t.embedding_dim for t in self.embeddings.tables}
             if len(dims) != 1:
@@ -409,6 +438,26 @@ class TrainerConfig(_Strict):
                     f"dlrm: bottom_mlp must end in the embedding_dim ({dim}), got {self.model.bottom_mlp}"
                 )
         return self
+
+    def _check_word2vec_fits_its_trainer(self) -> None:
+        """word2vec trains in compiled code on CPU (`kembed_trainer.word2vec_sgd`): per-sample SGD straight on
+        whole replicated tables, whose rows are the vocabulary's indices."""
+        if self.optimizer.sparse.name != "sgd":
+            raise ValueError(
+                f"optimizer.sparse.name: word2vec trains with 'sgd' (hogwild, as word2vec and gensim), "
+                f"got {self.optimizer.sparse.name!r}"
+            )
+        if self.distributed.backend == "nccl":
+            raise ValueError("distributed.backend: word2vec trains on CPU cores; use 'auto' or 'gloo'")
+        for t in self.embeddings.tables:
+            if self.embeddings.is_sharded(t):
+                raise ValueError(
+                    f"embeddings.tables: word2vec tables are replicated; set sharding: replicated on {t.name!r}"
+                )
+            if t.hash_ids or t.admit_after:
+                raise ValueError(
+                    f"embeddings.tables: word2vec rows are vocabulary indices; {t.name!r} needs hash_ids: false and admit_after: 0"
+                )
 
 
 def format_validation_error(err: ValidationError) -> str:

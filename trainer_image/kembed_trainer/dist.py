@@ -29,12 +29,13 @@ class Env:
         return self.world_size > 1
 
 
-def setup(backend: str, threads: int) -> Env:
+def setup(backend: str, threads: int, *, cpu_only: bool = False) -> Env:
+    """Join torchrun's group (if any); `cpu_only` for models that train on CPU cores whatever the machine has."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    use_cuda = torch.cuda.is_available() and backend != "gloo"
+    use_cuda = torch.cuda.is_available() and backend != "gloo" and not cpu_only
     if backend == "auto":
         backend = "nccl" if use_cuda else "gloo"
     if use_cuda:

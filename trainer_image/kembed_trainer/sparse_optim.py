@@ -15,7 +15,7 @@ import torch
 
 from kembed_trainer import config, hugepages
 
-__all__ = ["SparseOptimizer", "build_sparse_optimizer"]
+__all__ = ["SparseOptimizer", "build_sparse_optimizer", "learning_rate"]
 
 
 class SparseOptimizer:
@@ -93,6 +93,14 @@ def _add_rows(weight: torch.Tensor, rows: torch.Tensor, change: torch.Tensor) ->
     off its fast path; negation is exact, so this is bit for bit `weight[rows] -= lr * ...`.
     """
     weight.index_add_(0, rows, change)
+
+
+def learning_rate(cfg: config.SparseOptimizerConfig, step: float, total_steps: int) -> float:
+    """The rate at `step`: `lr`, or with `min_lr` falling linearly to it at the last step (word2vec's alpha
+    schedule)."""
+    if cfg.min_lr is None:
+        return cfg.lr
+    return cfg.lr - (cfg.lr - cfg.min_lr) * min(step / max(total_steps, 1), 1.0)
 
 
 _OPTIMIZERS = {"sgd": SGD, "adagrad": Adagrad, "rowwise_adagrad": RowwiseAdagrad, "adam": LazyAdam}

@@ -24,6 +24,7 @@ from kembed_trainer import (
     models,
     report,
     runtime,
+    sparse_optim,
     sparsity,
 )
 from kembed_trainer import dist as kdist
@@ -69,6 +70,7 @@ class Trainer:
             if cfg.checkpoint.uri
             else None
         )
+        self.skipgram = self._compiled_skipgram() if cfg.model.kind == "word2vec" else None
         self.step = 0
         self.stop_requested = False
         self._last_saved: checkpoint.SavedCheckpoint | None = None  # the newest that landed
@@ -121,9 +123,30 @@ class Trainer:
         """Wait for the checkpoint writer's thread to end (before the process groups are destroyed)."""
         if self.checkpointer:
             self.checkpointer.close()
+        if self.skipgram:
+            self.skipgram.close()
 
     # ------------------------------------------------------------------------------------------- steps
+    def _compiled_skipgram(self):
+        """word2vec trains in compiled code straight on the tables: no batches, no autograd, no optimizer."""
+        from kembed_trainer import word2vec_sgd  # numba only where it is used: other models start faster
+
+        return word2vec_sgd.SkipGramSGD(
+            self.cfg,
+            self.data,
+            self.embeddings,
+            total_steps=self.cfg.training.steps,
+            threads=torch.get_num_threads(),
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+        )
+
     def train_step(self) -> torch.Tensor:
+        if self.skipgram:
+            return self.skipgram.step(self.step)
+        self.embeddings.lr = sparse_optim.learning_rate(
+            self.cfg.optimizer.sparse, self.step, self.cfg.training.steps
+        )
         batch = self.data.train_batch(self.step).to(self.env.device)
         pooled = self.embeddings(batch)  # tables stay float32, whatever the dense precision
         with self._autocast():

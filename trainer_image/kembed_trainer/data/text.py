@@ -1,9 +1,13 @@
-"""Skip-gram pairs from a text corpus (one sentence per line) for word2vec.
+"""A text corpus (one sentence per line) for word2vec.
 
 The vocabulary is built from the training sentences on every rank alike (most frequent first), so rows mean the
-same word everywhere. A batch holds `batch_size // (1 + negatives)` true (center, context) pairs, each followed by
-`negatives` noise pairs drawn from the unigram distribution to the power 3/4; frequent words are subsampled as in
-Mikolov et al. (2013). Each step's pairs are a pure function of (seed, rank, step), so a resume is exact.
+same word everywhere. Training reads the rank's sentences in order, `batch_size` words per step (whole
+sentences: a sentence belongs to the step its first word falls in), one epoch after another; the compiled
+trainer (`kembed_trainer.word2vec_sgd`) draws windows, subsamples frequent words and draws noise words with
+the tables made here. A step's sentences are a function of the step alone, so a resume needs no data state.
+
+Eval batches are (center, context) pairs of held-out sentences, each followed by `negatives` noise pairs
+drawn from the unigram distribution to the power 3/4: the eval AUC tells true context from noise.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class _Corpus:
         self.tokens = torch.tensor([t for s in kept for t in s], dtype=torch.int64)
         lengths = torch.tensor([len(s) for s in kept], dtype=torch.int64)
         ends = torch.cumsum(lengths, 0)
+        self.offsets = torch.cat([torch.zeros(1, dtype=torch.int64), ends])  # sentence i: offsets[i]..[i+1]
         self.start = torch.repeat_interleave(ends - lengths, lengths)  # sentence start of each token
         self.end = torch.repeat_interleave(ends, lengths)
 
@@ -70,7 +75,6 @@ class TextData:
         ids = [[index[t] for t in s if t in index] for s in sentences]
         train = [s for s, e in zip(ids, is_eval, strict=True) if not e]
         self.train = _Corpus(train[rank::world_size] if len(train) >= world_size else train)
-        self.eval = _Corpus([s for s, e in zip(ids, is_eval, strict=True) if e])
         if self.train.tokens.numel() == 0:
             raise ValueError(f"data.uri: no sentence of two or more known words for rank {rank}")
         freq = torch.tensor([counts[w] for w in self.vocab], dtype=torch.float64)
@@ -79,29 +83,39 @@ class TextData:
         f = freq / freq.sum()
         t = cfg.subsample
         self.keep_prob = (torch.sqrt(t / f) + t / f).clamp(max=1.0) if t > 0 else torch.ones_like(f)
-        self.pairs_per_batch = max(1, batch_size // (1 + cfg.negatives))
+        # Held-out sentences subsampled once, as training subsamples its sentences: eval pairs are drawn
+        # like the pairs the model was trained to tell from noise.
+        gen = _generator(seed, 7)
+        held_out = [torch.tensor(s, dtype=torch.int64) for s, e in zip(ids, is_eval, strict=True) if e and s]
+        self.eval = _Corpus(
+            [
+                s[torch.rand(len(s), generator=gen, dtype=torch.float64) < self.keep_prob[s]].tolist()
+                for s in held_out
+            ]
+        )
+        self.words_per_step = batch_size
+        self.sentence_starts = self.train.offsets[:-1].numpy()
 
-    def train_batch(self, step: int) -> Batch:
-        gen = _generator(self.seed, 4, self.rank, step)
-        return self._pairs(self.train, self.pairs_per_batch, gen, subsample=True)
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps that read this rank's sentences once."""
+        return -(-self.train.tokens.numel() // self.words_per_step)
+
+    def train_sentences(self, step: int) -> tuple[int, int]:
+        """The sentences (first, last + 1) of this rank's shard that `step` trains on."""
+        chunk = step % self.steps_per_epoch
+        lo, hi = chunk * self.words_per_step, (chunk + 1) * self.words_per_step
+        first, last = np.searchsorted(self.sentence_starts, [lo, hi])
+        return int(first), int(last)
 
     def eval_batches(self):
         if self.eval.tokens.numel() == 0:
             return
         for i in range(self.rank, _EVAL_CHUNKS, self.world_size):
-            yield self._pairs(self.eval, _EVAL_PAIRS, _generator(self.seed, 5, i), subsample=False)
+            yield self._pairs(self.eval, _EVAL_PAIRS, _generator(self.seed, 5, i))
 
-    def _pairs(self, corpus: _Corpus, num_pairs: int, gen: torch.Generator, *, subsample: bool) -> Batch:
-        centers = torch.empty(0, dtype=torch.int64)
-        while centers.numel() < num_pairs:  # draw until enough centers survive subsampling
-            pos = torch.randint(corpus.tokens.numel(), (2 * num_pairs,), generator=gen)
-            if subsample:
-                pos = pos[
-                    torch.rand(pos.numel(), generator=gen, dtype=torch.float64)
-                    < self.keep_prob[corpus.tokens[pos]]
-                ]
-            centers = torch.cat([centers, pos])
-        pos = centers[:num_pairs]
+    def _pairs(self, corpus: _Corpus, num_pairs: int, gen: torch.Generator) -> Batch:
+        pos = torch.randint(corpus.tokens.numel(), (num_pairs,), generator=gen)
         # A context word within a random window of 1..window on either side, reflected to stay in the sentence.
         reach = torch.randint(1, self.cfg.window + 1, (num_pairs,), generator=gen)
         offset = torch.randint(1, self.cfg.window + 1, (num_pairs,), generator=gen).minimum(reach)
