@@ -127,6 +127,9 @@ def test_history_refuses_a_window_out_of_range_naming_the_field(api_client):
 def test_sign_in_makes_a_session_that_acts_as_its_token(api_client):
     token = new_tenant(api_client, "sessions", role="member")
     api_client.headers.pop("Authorization")
+    elsewhere = api_client.post("/dashboard/sign-in", data={"token": token}, follow_redirects=False,
+                                headers={"Origin": "https://attacker.example"})
+    assert elsewhere.status_code == 403 and "kembed_session" not in elsewhere.cookies
     refused = api_client.post("/dashboard/sign-in", data={"token": "kmb_wrong"}, follow_redirects=False)
     assert refused.status_code == 401 and "kembed_session" not in refused.cookies
     signed_in = api_client.post("/dashboard/sign-in", data={"token": token}, follow_redirects=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import APIRouter, Request, Response, status
 from fastapi.responses import HTMLResponse, RedirectResponse
@@ -95,8 +95,18 @@ def _start_session(request: Request, secret: str) -> str | None:
         return sessions.start(session, token=found[0], ttl=timedelta(seconds=settings.session_ttl_s))
 
 
+def _from_elsewhere(request: Request) -> bool:
+    """A form posted by a page of another site (its Origin names another host). Refused at sign-in, so that no
+    site can sign a visitor in as someone else (login CSRF); the scheme is not compared, as a TLS-terminating
+    Ingress changes it."""
+    origin = request.headers.get("origin")
+    return bool(origin) and urlsplit(origin).netloc != request.headers.get("host", "")
+
+
 @router.post(SIGN_IN, response_class=HTMLResponse)
 async def sign_in(request: Request) -> Response:
+    if _from_elsewhere(request):
+        return Response("sign-in from another site refused", status_code=status.HTTP_403_FORBIDDEN)
     body = await request.body()
     form = parse_qs(body[:_MAX_FORM_BYTES].decode(errors="replace"))
     token = (form.get("token") or [""])[0].strip()
