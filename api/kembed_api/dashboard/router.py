@@ -45,6 +45,8 @@ class _Recent:
         body = compute()
         etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
         with self._lock:
+            if len(self._answers) >= 10_000:
+                self._answers.clear()  # keys retired by quota changes: start over rather than grow
             self._answers[key] = (taken_at, body, etag)
         return body, etag
 

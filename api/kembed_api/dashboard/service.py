@@ -36,7 +36,7 @@ from kembed_contract.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState
 __all__ = ["QUEUE_LIMIT", "FINISHED_LIMIT", "cluster", "history", "overview", "to_csv"]
 
 QUEUE_LIMIT = 50  # queued jobs a team page lists (the rest are counted); a page nobody scrolls past
-FINISHED_LIMIT = 20
+FINISHED_LIMIT = 20  # the latest by finish time
 RUNNING_LIMIT = 200  # far above any quota's max_running_jobs in practice; keeps a page bounded regardless
 
 _SUMMARY_COLUMNS = (Job.seq, Job.id, Job.name, Job.state, Job.reason, Job.message, Job.priority, Job.created_at,
@@ -47,9 +47,10 @@ _QUEUE_HEAD = (select(*_SUMMARY_COLUMNS)
 _ACTIVE = (select(*_SUMMARY_COLUMNS, Job.metrics)
            .where(Job.tenant_id == bindparam("tenant_id"), or_(*(Job.state == s for s in ACTIVE_STATES)))
            .order_by(Job.seq).limit(RUNNING_LIMIT))
+# Only finished jobs have a finish time: the latest are the tail of the (tenant, finished_at) index.
 _FINISHED = (select(*_SUMMARY_COLUMNS, Job.result)
-             .where(Job.tenant_id == bindparam("tenant_id"), or_(*(Job.state == s for s in TERMINAL_STATES)))
-             .order_by(Job.seq.desc()).limit(FINISHED_LIMIT))
+             .where(Job.tenant_id == bindparam("tenant_id"), Job.finished_at.is_not(None))
+             .order_by(Job.finished_at.desc()).limit(FINISHED_LIMIT))
 _BY_STATE = select(Job.state, func.count()).where(Job.tenant_id == bindparam("tenant_id")).group_by(Job.state)
 
 Forecast = dict[int, tuple[int, datetime | None]]
