@@ -87,6 +87,7 @@ def test_writes_with_the_session_need_the_csrf_token(server, make_team, open_bro
 
 
 # ------------------------------------------------------------------------------------------------ team page
+@pytest.mark.slow  # trains real jobs
 def test_the_bars_match_usage_and_the_queue_matches_the_api(server, make_team, open_browser):
     team = make_team({"max_running_jobs": 1, "max_queued_jobs": 4, "cpu": 4})
     member = team.client()
@@ -123,6 +124,7 @@ def test_the_bars_match_usage_and_the_queue_matches_the_api(server, make_team, o
     screenshot(page, "team")
 
 
+@pytest.mark.slow  # trains real jobs
 def test_borrowing_shows_above_quota(server, make_team, open_browser):
     team = make_team({"cpu": 8})
     member = team.client()
@@ -135,6 +137,7 @@ def test_borrowing_shows_above_quota(server, make_team, open_browser):
     expect(bar(page, "cpu").locator(".bar-value")).to_contain_text("borrowed")
 
 
+@pytest.mark.slow  # trains real jobs
 def test_a_running_jobs_progress_moves_on_screen_and_cancel_works(server, make_team, open_browser):
     team = make_team()
     member = team.client()
@@ -166,6 +169,7 @@ def test_a_running_jobs_progress_moves_on_screen_and_cancel_works(server, make_t
     expect(page.get_by_role("button", name="Cancel job")).to_be_hidden()
 
 
+@pytest.mark.slow  # trains real jobs
 def test_a_finished_job_shows_its_result_curves_and_can_be_submitted_again(server, make_team, open_browser):
     team = make_team()
     member = team.client()
@@ -188,6 +192,7 @@ def test_a_finished_job_shows_its_result_curves_and_can_be_submitted_again(serve
 
 
 # ------------------------------------------------------------------------------------------------ isolation
+@pytest.mark.slow  # trains real jobs
 def test_team_b_never_sees_team_a(server, make_team, open_browser):
     team_a, team_b = make_team(), make_team()
     secret_job = team_a.client().submit(make_spec("secret-a").build())
@@ -210,6 +215,7 @@ def test_team_b_never_sees_team_a(server, make_team, open_browser):
     assert page.goto(f"{server.url}/dashboard/admin").status == 404  # a tenant-admin is no platform admin
 
 
+@pytest.mark.slow  # trains real jobs
 def test_a_viewer_sees_no_cancel_and_the_api_refuses_it_anyway(server, make_team, open_browser):
     team = make_team({"max_running_jobs": 1})
     holder = team.client().submit(long_job("holder"))
@@ -290,6 +296,7 @@ def test_a_tenant_admin_creates_and_revokes_tokens(server, make_team, open_brows
 
 
 # ------------------------------------------------------------------------------------------------ history
+@pytest.mark.slow  # trains real jobs
 def test_history_matches_the_api_and_downloads_as_csv(server, make_team, open_browser):
     team = make_team()
     member = team.client()
@@ -314,6 +321,7 @@ def test_history_matches_the_api_and_downloads_as_csv(server, make_team, open_br
 
 
 # ------------------------------------------------------------------------------------------------ accessibility
+@pytest.mark.slow  # trains real jobs
 def test_every_page_has_no_serious_accessibility_violation(server, make_team, open_browser):
     from axe_playwright_python.sync_playwright import Axe
 
