@@ -75,10 +75,11 @@ def fill(data_dir: Path, num_jobs: int) -> str:
     from kembed_api.db import Database, upgrade_to_head, utcnow
     from kembed_api.jobs import service as jobs_service
     from kembed_api.jobs.models import Job
-    from kembed_api.spec import JobSpec, JobState
+    from kembed_api.spec import JobSpec
     from kembed_api.tenants.models import Tenant
     from kembed_api.tenants.schemas import QuotaSpec
     from kembed_api.tenants.service import create_tenant
+    from kembed_contract.lifecycle import JobState
 
     data_dir.mkdir(parents=True)
     url = f"sqlite:///{data_dir / 'kembed.db'}"
@@ -114,8 +115,9 @@ def fill(data_dir: Path, num_jobs: int) -> str:
     return token
 
 
-def in_process_times(data_dir: Path, tenant_name: str, calls: int = 200) -> list[float]:
-    """Milliseconds per overview computed by the server's code on its database file (every call a miss)."""
+def in_process_times(data_dir: Path, tenant_name: str, calls: int = 200) -> tuple[list[float], list[float]]:
+    """Milliseconds per overview computed by the server's code on its database file (every call a miss): wall
+    time, and the CPU time of this thread (what the computation itself costs, whatever else runs)."""
     from kembed_api.admission import Quota
     from kembed_api.dashboard import service
     from kembed_api.db import Database
@@ -127,14 +129,15 @@ def in_process_times(data_dir: Path, tenant_name: str, calls: int = 200) -> list
         tenant = get_tenant(session, name=tenant_name)
         session.expunge(tenant)
         _, forecast = jobs_service.queue_forecast(session, tenant=tenant, capacity=Quota())
-    times = []
+    times, cpu_times = [], []
     for _ in range(calls):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         with db.session() as session:
             service.overview(session, tenant=tenant, forecast=lambda: forecast).model_dump_json()
         times.append((time.perf_counter() - started) * 1000)
+        cpu_times.append((time.thread_time() - cpu_started) * 1000)
     db.dispose()
-    return times
+    return times, cpu_times
 
 
 def http_times(url: str, token: str, calls: int = 400) -> tuple[list[float], int]:
@@ -195,7 +198,7 @@ def main() -> None:
         print(f"{args.jobs} jobs stored (half finished) in {time.monotonic() - started:.0f} s", flush=True)
         process, url = start_server(data_dir)
         try:
-            compute = in_process_times(data_dir, "big")
+            compute, compute_cpu = in_process_times(data_dir, "big")
             over_http, size = http_times(url, token)
             cookies = [sign_in(url, token) for _ in range(args.dashboards)]
             rows = []
@@ -214,12 +217,17 @@ def main() -> None:
     print(f"| team page data (GET /v1/overview), {args.jobs} jobs | {size / 1024:.1f} KB | < 100 KB |")
     print(f"| overview computed (cache miss), p50 / p99 | {statistics.median(compute):.1f} / "
           f"{percentile(compute, 99):.1f} ms | p99 < 50 ms |")
+    print(f"| overview computed (cache miss), CPU time p50 / p99 | {statistics.median(compute_cpu):.1f} / "
+          f"{percentile(compute_cpu, 99):.1f} ms | |")
     print(f"| GET /v1/overview over HTTP, p50 / p99 | {statistics.median(over_http):.1f} / "
           f"{percentile(over_http, 99):.1f} ms | p99 < 50 ms |")
     for revalidate, polls, share in rows:
         how = "If-None-Match (304s)" if revalidate else "whole body each time"
+        # Under load the client falls behind (fewer polls than 50 every 2 s): the share is scaled to the full rate.
+        full_rate = args.dashboards * args.seconds / 2
         print(f"| {args.dashboards} dashboards polling every 2 s, {how}: server CPU | {100 * share:.1f} % of a core "
-              f"({polls} polls in {args.seconds:.0f} s) | < 10 % |")
+              f"({polls} polls in {args.seconds:.0f} s; {100 * share * full_rate / polls:.1f} % at {full_rate:.0f}) "
+              f"| < 10 % |")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,7 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
     app.include_router(jobs_router.router)
     app.include_router(tenants_router.router)
     app.include_router(dashboard_router.router)
+    app.state.overviews = dashboard_router.RecentAnswers(max_age_s=1.0)  # the team pages' shared answers
     # The dashboard: pages and their static files, from this process and port (docs/dashboard.md).
     app.include_router(dashboard_pages.router)
     app.mount(f"{dashboard_pages.HOME}/static", StaticFiles(directory=dashboard_pages.STATIC_DIR), name="static")

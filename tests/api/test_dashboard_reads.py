@@ -101,9 +101,14 @@ def test_the_overview_lists_the_queue_head_in_admission_order_with_exact_positio
     assert [j["priority"] for j in body["queue"]] == sorted((j["priority"] for j in body["queue"]), reverse=True)
     assert body["jobs_by_state"]["QUEUED"] == len(ids)
     assert "spec" not in body["queue"][0]  # rows, not whole jobs
-    # An unchanged answer is a 304 to a page that has it.
+    # An unchanged answer is a 304 to a page that has it, also once it was made again (a second later).
+    time.sleep(1.1)
     again = api_client.get("/v1/overview", headers={**bearer(token), "If-None-Match": overview.headers["etag"]})
     assert again.status_code == 304
+    api_client.post(f"/v1/jobs/{ids[0]}/cancel", headers=bearer(token))
+    time.sleep(1.1)
+    changed = api_client.get("/v1/overview", headers={**bearer(token), "If-None-Match": overview.headers["etag"]})
+    assert changed.status_code == 200 and changed.json()["usage"]["queued_jobs"] == len(ids) - 1
 
 
 def test_the_cluster_view_is_for_platform_admins_only(api_client):

@@ -1,20 +1,22 @@
 """Read endpoints the dashboard's pages poll (and any client may use): /v1/overview, /v1/usage/history, /v1/cluster.
 
 The team overview is what every open team page asks for every 2 s; it is computed at most once a second per
-tenant and the same bytes are served to every page of that tenant meanwhile, with an ETag so an unchanged answer
-costs a 304 (docs/benchmarks.md, dashboard).
+tenant (and API process) and the same bytes are served to every page of that tenant meanwhile, with an ETag so
+an unchanged answer costs a 304 (docs/benchmarks.md, dashboard).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-import threading
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse
+from starlette.concurrency import run_in_threadpool
 
 from kembed_api import errors
 from kembed_api.dashboard import service
@@ -22,52 +24,62 @@ from kembed_api.dashboard.schemas import ClusterOverview, TeamOverview, UsageHis
 from kembed_api.deps import Admin, Db, QueueForecasts, Reader
 from kembed_api.responses import ModelResponse
 
-__all__ = ["router"]
+__all__ = ["RecentAnswers", "router"]
 
 router = APIRouter(tags=["dashboard"])
 
 
 
-class _Recent:
-    """The latest answer per key for `max_age_s`, so that many pages polling at once cost one computation."""
+class RecentAnswers:
+    """The latest answer per key for `max_age_s`, so that many pages polling at once cost one computation.
+
+    A fresh answer is served on the event loop without a trip through the worker threads; when it is stale, one
+    computation runs in a worker thread and every request arriving meanwhile waits for that one.
+    """
 
     def __init__(self, max_age_s: float) -> None:
         self.max_age_s = max_age_s
-        self._answers: dict[object, tuple[float, bytes, str]] = {}
-        self._lock = threading.Lock()
+        self._answers: dict[object, tuple[float, bytes, str]] = {}  # touched on the event loop only
+        self._computing: dict[object, asyncio.Future] = {}
 
-    def get(self, key: object, compute) -> tuple[bytes, str]:
-        with self._lock:
-            found = self._answers.get(key)
+    async def get(self, key: object, compute: Callable[[], tuple[bytes, bytes]]) -> tuple[bytes, str]:
+        """`compute()` gives the answer and what its ETag is made of (the answer less what changes with no news,
+        such as the time it was made: a weak ETag, equal for answers that say the same)."""
+        found = self._answers.get(key)
         if found is not None and time.monotonic() - found[0] < self.max_age_s:
             return found[1], found[2]
-        taken_at = time.monotonic()
-        body = compute()
-        etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
-        with self._lock:
+        if key not in self._computing:
+            self._computing[key] = asyncio.ensure_future(self._compute(key, compute))
+        return await asyncio.shield(self._computing[key])  # one caller going away does not cancel the others'
+
+    async def _compute(self, key: object, compute: Callable[[], tuple[bytes, bytes]]) -> tuple[bytes, str]:
+        try:
+            taken_at = time.monotonic()
+            body, news = await run_in_threadpool(compute)
+            etag = 'W/"' + hashlib.sha256(news).hexdigest()[:32] + '"'
             if len(self._answers) >= 10_000:
                 self._answers.clear()  # keys retired by quota changes: start over rather than grow
             self._answers[key] = (taken_at, body, etag)
-        return body, etag
-
-
-_overviews = _Recent(max_age_s=1.0)
+            return body, etag
+        finally:
+            del self._computing[key]
 
 
 @router.get("/v1/overview", response_model=TeamOverview, responses={
     **errors.responses(401, 403), 304: {"description": "Unchanged since the ETag sent in If-None-Match."}},
             summary="The caller's tenant at a glance: usage, queue head, running and latest finished jobs")
-def team_overview(request: Request, db: Db, principal: Reader, forecasts: QueueForecasts) -> Response:
+async def team_overview(request: Request, db: Db, principal: Reader, forecasts: QueueForecasts) -> Response:
     tenant = principal.tenant
 
-    def compute() -> bytes:
+    def compute() -> tuple[bytes, bytes]:
         with db.session() as session:
-            return service.overview(session, tenant=tenant,
-                                    forecast=lambda: forecasts.latest(tenant=tenant)).model_dump_json().encode()
+            overview = service.overview(session, tenant=tenant, forecast=lambda: forecasts.latest(tenant=tenant))
+        return overview.model_dump_json().encode(), overview.model_dump_json(exclude={"generated_at"}).encode()
 
     # Keyed by the quota too: a quota changed through this replica shows at once.
-    body, etag = _overviews.get((tenant.id, tenant.quota_gpus, tenant.quota_cpu, tenant.quota_memory_bytes,
-                                 tenant.quota_max_running_jobs, tenant.quota_max_queued_jobs), compute)
+    key = (tenant.id, tenant.quota_gpus, tenant.quota_cpu, tenant.quota_memory_bytes, tenant.quota_max_running_jobs,
+           tenant.quota_max_queued_jobs)
+    body, etag = await request.app.state.overviews.get(key, compute)
     headers = {"ETag": etag, "Cache-Control": "private, no-cache"}
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304, headers=headers)
