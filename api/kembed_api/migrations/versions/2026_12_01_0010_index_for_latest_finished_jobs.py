@@ -1,14 +1,14 @@
 """index for a tenant's latest finished jobs (the dashboard's team page)
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-12-01 15:55:00
 """
 from alembic import op
 
 
-revision = '0009'
-down_revision = '0008'
+revision = '0010'
+down_revision = '0009'
 branch_labels = None
 depends_on = None
 
