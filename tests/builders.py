@@ -32,6 +32,10 @@ class SpecBuilder:
         self.spec["priority"] = priority
         return self
 
+    def with_priority_class(self, name: str) -> SpecBuilder:
+        self.spec["priority_class"] = name
+        return self
+
     def with_steps(self, steps: int, *, checkpoint_every: int | None = None) -> SpecBuilder:
         self.spec["trainer"]["training"]["steps"] = steps
         if checkpoint_every is not None:

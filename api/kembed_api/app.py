@@ -79,13 +79,17 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
         dispatcher = Dispatcher(db=db, backend=backend or _make_backend(settings),
                                 public_url=settings.resolved_public_url, interval_s=settings.dispatch_interval_s,
                                 metrics=metrics, admission_paused=settings.admission_paused,
+                                priority_classes=settings.priority_classes,
+                                protect_after=settings.preemption_protect_after,
+                                protect_window_s=settings.preemption_protect_window_s,
                                 leader_lock=settings.data_dir / "dispatcher.lock" if settings.workers > 1 else None)
         app.state.settings, app.state.db, app.state.metrics = settings, db, metrics
         app.state.dispatcher, app.state.backend = dispatcher, dispatcher.backend
         app.state.forecasts = forecasts = Forecasts(db, capacity=dispatcher.backend.capacity)
         app.state.principals = TtlCache(ttl_s=settings.token_cache_s)
         app.state.intake = intake = Intake(db, checkpoint_root=settings.resolved_checkpoint_root,
-                                           check_fits=dispatcher.backend.check_fits)
+                                           check_fits=dispatcher.backend.check_fits,
+                                           priority_classes=settings.priority_classes)
         intake.start()
         dispatcher.start()
         # What is alive now (~120k objects: modules, models, mappers) lives as long as the server: into the

@@ -12,23 +12,22 @@ import logging
 import os
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import Row, and_, or_, select, update
+from sqlalchemy import Row, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from kembed_api.admission import Demand, shortfall
+from kembed_api import preemption
 from kembed_api.backends.base import Backend, Launch, NotReady, Observed
 from kembed_api.db import Database, utcnow
 from kembed_api.jobs import service
-from kembed_api.jobs.models import Job
+from kembed_api.jobs.models import Job, JobEvent
 from kembed_api.observability import Metrics
 from kembed_api.spec import JobSpec
 from kembed_api.tenants.models import Tenant
-from kembed_api.tenants.service import quota_of
+from kembed_api.tenants.service import quota_of, share_of
 from kembed_contract import lifecycle
 from kembed_contract.lifecycle import ACTIVE_STATES, JobState
 
@@ -84,6 +83,9 @@ class Dispatcher:
         admission_paused: bool = False,
         leader_lock: Path | None = None,
         queue_page: int = 256,
+        priority_classes: dict[str, int] | None = None,
+        protect_after: int = 3,
+        protect_window_s: float = 24 * 3600.0,
     ) -> None:
         """`leader_lock`: a file that chooses the one dispatching process among several workers of a server
         (`kembed serve --workers`); None when this process is the server's only one. `queue_page`: queued jobs
@@ -93,6 +95,8 @@ class Dispatcher:
         self._recovered = False
         self.admission_paused, self.queue_page = admission_paused, queue_page
         self.interval_s, self.clock = interval_s, clock
+        self.priority_classes = priority_classes if priority_classes is not None else {}
+        self.protect_after, self.protect_window_s = protect_after, protect_window_s
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -232,7 +236,7 @@ class Dispatcher:
         token, token_hash = service.new_report_token()
         tenant = session.get(Tenant, job.tenant_id)
         spec = JobSpec.model_validate(job.spec)
-        resuming = job.state == JobState.RESTARTING
+        resuming = job.state == JobState.RESTARTING or job.checkpoint_uri is not None  # restarted or preempted
         try:
             if job.restart_count == 0 and not resuming:
                 self.backend.sync_tenant(tenant.name, quota_of(tenant))
@@ -256,7 +260,8 @@ class Dispatcher:
             service.transition(session, job, JobState.RUNNING, reason="Started", message=processes, now=self.clock())
 
     def _admit(self, session: Session) -> None:
-        """Per-tenant queues, priority then FIFO; each admission all-or-nothing against quota and capacity.
+        """Per-tenant queues, priority then FIFO; each admission all-or-nothing against quota and capacity; the
+        decisions are kembed_api.preemption's (cohorts, borrowing, preemption), carried out here.
 
         Within a tenant the head of the queue is never overtaken (a smaller job behind it waits too); across
         tenants, one tenant's blocked head does not hold up the others. So once every tenant with jobs waiting
@@ -264,38 +269,72 @@ class Dispatcher:
         stops reading: the queue is read a page at a time, as plain columns, and a pass over a long queue that
         cannot move reads one page, not the whole queue.
         """
-        used_by_tenant: dict[int, Demand] = defaultdict(Demand)
-        for tenant_id, *demand in session.execute(
-            select(Job.tenant_id, *service.DEMAND_COLUMNS).where(Job.state.in_(_ACTIVE))
-        ):
-            used_by_tenant[tenant_id] += service.demand_from_columns(*demand)
-        used_everywhere = sum(used_by_tenant.values(), Demand())
-        capacity = self.backend.capacity()
+        now = self.clock()
         tenants = {t.id: t for t in session.scalars(select(Tenant).execution_options(populate_existing=True))}
         waiting = {t.id for t in tenants.values() if t.queued_jobs}
-        blocked: set[int] = set()
-        for seq, _, tenant_id, message, *columns in self._queue_in_admission_order(session):
-            if tenant_id in blocked:
-                continue
-            demand = service.demand_from_columns(*columns)
-            why = shortfall(quota_of(tenants[tenant_id]), used=used_by_tenant[tenant_id], demand=demand)
-            why = why or shortfall(capacity, used=used_everywhere, demand=demand)
-            if why:
-                blocked.add(tenant_id)
-                if message != f"waiting for {why}":  # say why it waits, without an event per pass
-                    session.execute(update(Job).where(Job.seq == seq).values(message=f"waiting for {why}"))
-                if waiting <= blocked:
-                    break  # (a tenant whose first job came after it was counted: its submission wakes a pass)
-                continue
-            job = session.get(Job, seq)
+        if not waiting:
+            return
+        active = session.execute(
+            select(Job.seq, Job.tenant_id, Job.state, Job.priority, Job.step, Job.checkpoint_step,
+                   *service.DEMAND_COLUMNS).where(Job.state.in_(_ACTIVE))).all()
+        protected = self._protected(session, [r.seq for r in active], now=now)
+        running = [
+            preemption.Running(
+                r.seq, r.tenant_id, service.demand_from_columns(r.gpus, r.cpu, r.memory_bytes, r.processes),
+                self._class_rank(r.priority),
+                # steps since its last complete checkpoint, times what it holds: lost if it were killed
+                work_at_risk=max(0, r.step - (r.checkpoint_step or 0)) * max(r.gpus, r.processes, 1),
+                stopping=r.state == JobState.PREEMPTED, protected=r.seq in protected)
+            for r in active
+        ]
+        messages: dict[int, str] = {}
+
+        def queue() -> Iterator[preemption.Pending]:
+            for seq, priority, tenant_id, message, *columns in self._queue_in_admission_order(session):
+                messages[seq] = message
+                yield preemption.Pending(seq, tenant_id, service.demand_from_columns(*columns),
+                                         self._class_rank(priority))
+
+        plan = preemption.decide(shares={t.id: share_of(t) for t in tenants.values()},
+                                 capacity=self.backend.capacity(), running=running, queue=queue(),
+                                 waiting_tenants=waiting)
+        for preempt in plan.preempt:
+            victim, preemptor = session.get(Job, preempt.victim), session.get(Job, preempt.preemptor)
+            why = ("its tenant's cohort reclaims the quota it lent" if preempt.reason == "ReclaimedByLender"
+                   else "a higher priority class")
+            service.transition(session, victim, JobState.PREEMPTED, reason=preempt.reason, now=now,
+                               message=f"for job {preemptor.id} ({why}); saving a checkpoint, then back to the "
+                                       f"queue at its place")
+            if victim.backend_state:
+                self.backend.preempt(victim.id)
+        for admit in plan.admit:
+            job = session.get(Job, admit.key)
+            demand = service.demand_from_columns(job.gpus, job.cpu, job.memory_bytes, job.processes)
+            borrowed = "; borrowing its cohort's idle quota" if admit.borrowed else ""
             service.transition(session, job, JobState.ADMITTED, reason="Admitted",
-                               message=f"reserved {service.describe(demand)}", now=self.clock())
+                               message=f"reserved {service.describe(demand)}{borrowed}", now=now)
             if self.metrics:
-                self.metrics.observe_admission(tenant=tenants[tenant_id].name, created_at=job.created_at,
+                self.metrics.observe_admission(tenant=tenants[job.tenant_id].name, created_at=job.created_at,
                                                admitted_at=job.admitted_at)
-            used_by_tenant[tenant_id] += demand
-            used_everywhere += demand
             self._launch(session, job)
+        for wait in plan.wait:
+            if messages.get(wait.key) != f"waiting for {wait.reason}":  # say why it waits, without an event per pass
+                session.execute(update(Job).where(Job.seq == wait.key).values(message=f"waiting for {wait.reason}"))
+
+    def _class_rank(self, priority: int) -> int:
+        """The job's priority class, as a rank: jobs of one class never preempt each other."""
+        return sum(1 for value in self.priority_classes.values() if value <= priority)
+
+    def _protected(self, session: Session, seqs: list[int], *, now: datetime) -> set[int]:
+        """Jobs preempted `protect_after` times within the window: never preempted again (no thrashing)."""
+        if not seqs:
+            return set()
+        since = now - timedelta(seconds=self.protect_window_s)
+        rows = session.execute(
+            select(JobEvent.job_seq).where(JobEvent.state == JobState.PREEMPTED, JobEvent.time >= since,
+                                           JobEvent.job_seq.in_(seqs))
+            .group_by(JobEvent.job_seq).having(func.count() >= self.protect_after))
+        return {seq for (seq,) in rows}
 
     def _queue_in_admission_order(self, session: Session) -> Iterator[Row]:
         """Queued jobs, higher priority first, then oldest first, `queue_page` at a time. Jobs admitted meanwhile

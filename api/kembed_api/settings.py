@@ -108,11 +108,32 @@ class Settings(BaseSettings):
         "an Ingress that terminates TLS, set it true, since the API itself then sees plain HTTP).",
     )
     json_logs: bool = Field(False, description="Log one JSON object per line (for log collectors).")
+    priority_classes: dict[str, int] = Field(
+        default_factory=lambda: {"low": -100, "normal": 0, "high": 100},
+        description="The platform's priority classes (name -> priority, -1000..1000), as JSON. A job names one "
+        "(priority_class) or gives a priority; a job of a higher class may preempt jobs of lower classes "
+        "(jobs whose priorities fall in one class never preempt each other). The defaults leave every "
+        "priority from 0 to 99 in one class, so plain priorities only order a queue.",
+    )
+    preemption_protect_after: int = Field(
+        3, ge=1, description="A job preempted this many times within preemption_protect_window_s is not "
+        "preempted again (never thrashing).")
+    preemption_protect_window_s: float = Field(
+        24 * 3600.0, gt=0, description="The window of preemption_protect_after, in seconds (one day: a job "
+        "preempted three times today runs on).")
     admission_paused: bool = Field(
         False,
         description="Admit no new jobs (they queue); running jobs go on. For maintenance, and for load tests "
         "of the API alone.",
     )
+
+    @model_validator(mode="after")
+    def _priority_classes_fit(self) -> Settings:
+        for name, value in self.priority_classes.items():
+            if not -1000 <= value <= 1000 or not name or len(name) > 32:
+                raise ValueError(f"priority_classes: {name!r}: a name of 1-32 characters and a priority "
+                                 "between -1000 and 1000")
+        return self
 
     @model_validator(mode="after")
     def _resolve_paths(self) -> Settings:

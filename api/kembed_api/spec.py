@@ -115,7 +115,12 @@ class JobSpec(BaseModel):
         description="DNS label (lowercase letters, digits, '-'); the job id is the name plus a random suffix."
     )
     priority: int = Field(0, strict=True, ge=-1000, le=1000,
-                          description="Higher runs first within a tenant's queue.")
+                          description="Higher runs first within a tenant's queue; a job of a higher priority class "
+                          "may preempt lower ones (docs/api.md).")
+    priority_class: str | None = Field(
+        None, min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*$",
+        description="One of the platform's priority classes (KEMBED_PRIORITY_CLASSES): the job's priority becomes "
+        "the class's; a tenant may use classes up to its max_priority_class.")
     resources: Resources = Field(default_factory=Resources)
     max_restarts: int = Field(
         2, strict=True, ge=0, le=100, description="Gang restarts from the last checkpoint after a retryable failure."

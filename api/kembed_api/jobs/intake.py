@@ -43,9 +43,10 @@ class _Waiting:
 
 class Intake:
     def __init__(self, db: Database, *, checkpoint_root: str, check_fits: Callable[[JobSpec], None],
-                 max_batch: int = 256) -> None:
+                 max_batch: int = 256, priority_classes: dict[str, int] | None = None) -> None:
         """`check_fits` raises ValueError when the backend could never run the job (the backend's check)."""
         self.db, self.checkpoint_root, self.check_fits, self.max_batch = db, checkpoint_root, check_fits, max_batch
+        self.priority_classes = priority_classes or {}
         self._arrivals: queue.SimpleQueue[_Waiting | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="kembed-intake", daemon=True)
 
@@ -105,7 +106,8 @@ class Intake:
 
     def _store(self, submissions: list[service.Submission]) -> list[service.Outcome]:
         with self.db.write_transaction() as connection:
-            return service.submit_many(connection, submissions, checkpoint_root=self.checkpoint_root)
+            return service.submit_many(connection, submissions, checkpoint_root=self.checkpoint_root,
+                                       priority_classes=self.priority_classes)
 
     def _store_alone(self, submission: service.Submission) -> service.Outcome | Exception:
         clash: Exception | None = None

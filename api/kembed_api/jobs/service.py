@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hmac
 import re
 import secrets
@@ -275,7 +276,7 @@ _INSERT_FIRST_EVENTS = insert(_EVENTS).from_select(
 
 def submit_many(
     session: Session | Connection, submissions: Sequence[Submission], *, checkpoint_root: str,
-    now: datetime | None = None,
+    now: datetime | None = None, priority_classes: dict[str, int] | None = None,
 ) -> list[Outcome]:
     """Store QUEUED jobs, one outcome per submission in order; the caller commits (kembed_api.jobs.intake, on
     a bare Connection: every statement here is Core, and tenants and jobs are read as plain rows).
@@ -290,6 +291,16 @@ def submit_many(
     now = now or utcnow()
     tenant_ids = list({s.tenant_id for s in submissions})
     tenants = {t.id: t for t in session.execute(_TENANTS_FOR_UPDATE, {"ids": tenant_ids})}
+    classes = priority_classes or {}
+    refused: dict[int, CannotRun] = {}
+    resolved = []
+    for i, submission in enumerate(submissions):
+        try:
+            spec = _with_priority_class(submission.spec, tenant=tenants[submission.tenant_id], classes=classes)
+        except CannotRun as error:
+            refused[i], spec = error, submission.spec
+        resolved.append(dataclasses.replace(submission, spec=spec))
+    submissions = resolved
     keys = list({(s.tenant_id, s.idempotency_key) for s in submissions if s.idempotency_key is not None})
     known = ({(j.tenant_id, j.idempotency_key): j for j in session.execute(_JOBS_OF_KEYS, {"keys": keys})}
              if keys else {})
@@ -319,6 +330,9 @@ def submit_many(
                 outcomes[i] = _key_reused(submission.idempotency_key)
             else:
                 repeats.append((i, first_with_key[key]))  # answered below, from the job the first one creates
+            continue
+        if i in refused:
+            outcomes[i] = refused[i]
             continue
         try:
             job = _new_job(submission.spec, tenant=tenant, checkpoint_root=checkpoint_root, now=now,
@@ -418,6 +432,22 @@ def _new_job(spec: JobSpec, *, tenant: Row, checkpoint_root: str, now: datetime,
         finished_at=None, step=0, total_steps=spec.trainer.training.steps, metrics={},
         checkpoint_uri=None, checkpoint_step=None, backend_state={}, report_token_hash=None,
     ), spec=spec)
+
+
+def _with_priority_class(spec: JobSpec, *, tenant: Row, classes: dict[str, int]) -> JobSpec:
+    """The spec with the priority its class gives it; raises CannotRun for an unknown class or one above the
+    tenant's limit (max_priority_class), or a priority above that limit."""
+    names = ", ".join(sorted(classes, key=classes.get)) or "none"
+    priority = spec.priority
+    if spec.priority_class is not None:
+        if spec.priority_class not in classes:
+            raise CannotRun(f"priority_class: {spec.priority_class!r} is not one of the platform's classes ({names})")
+        priority = classes[spec.priority_class]
+    limit = getattr(tenant, "max_priority_class", None)
+    if limit is not None and limit in classes and priority > classes[limit]:
+        raise CannotRun(f"priority_class: the tenant may use priority classes up to {limit!r} "
+                        f"(priority {classes[limit]}); this job asks for priority {priority}")
+    return spec if priority == spec.priority else spec.model_copy(update={"priority": priority})
 
 
 def _read_stored(session: Executor, job: Row, *, tenant: Row) -> JobRead:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Float, Integer, String
+from sqlalchemy import JSON, BigInteger, Float, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from kembed_api.db import Base, UTCDateTime, utcnow
@@ -25,6 +25,13 @@ class Tenant(Base):
     quota_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
     quota_max_running_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
     quota_max_queued_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
+    # Sharing (kembed_api.preemption): the quota columns are the tenant's nominal (guaranteed) share; in a cohort
+    # it may borrow what the other members leave idle, up to `borrowing_limit` (a QuotaSpec as JSON; NULL:
+    # unlimited), and they may reclaim it. `max_priority_class`: the highest of the platform's priority classes
+    # its jobs may use (NULL: any).
+    cohort: Mapped[str | None] = mapped_column(String(48), default=None)
+    borrowing_limit: Mapped[dict | None] = mapped_column(JSON, default=None)
+    max_priority_class: Mapped[str | None] = mapped_column(String(32), default=None)
     # The queue's bookkeeping, kept by kembed_api.jobs.service in the transactions that change it (each is a
     # count of the tenant's queue otherwise, which costs as much as the queue is long).
     # Raised by every change that moves jobs already queued (one leaves the queue, or one joins ahead of them):

@@ -17,6 +17,7 @@ from kembed_api.responses import ModelResponse
 from kembed_api.tenants import service
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.schemas import (
+    SharingSpec,
     TenantCreate,
     TenantList,
     TenantRead,
@@ -51,13 +52,22 @@ def _tenant_for(principal: Principal, session, name: str) -> Tenant:
              responses=errors.responses(401, 403, 409, s403=_ADMIN_ONLY, s409="A tenant of that name exists."),
              summary="Create a tenant")
 def create_tenant(body: TenantCreate, request: Request, db: Db, _: Admin) -> TenantRead:
+    _check_priority_class(request, body.sharing)
     try:
         with db.session(write=True) as session:
-            tenant = service.create_tenant(session, name=body.name, quota=body.quota)
+            tenant = service.create_tenant(session, name=body.name, quota=body.quota, sharing=body.sharing)
     except service.TenantExists as error:
         raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
     _sync(request, tenant)
     return service.to_read(tenant)
+
+
+def _check_priority_class(request: Request, sharing: SharingSpec | None) -> None:
+    classes = request.app.state.settings.priority_classes
+    if sharing is not None and sharing.max_priority_class is not None and sharing.max_priority_class not in classes:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                            f"sharing.max_priority_class: {sharing.max_priority_class!r} is not one of the "
+                            f"platform's priority classes ({', '.join(sorted(classes, key=classes.get))})")
 
 
 def _sync(request: Request, tenant: Tenant) -> None:
@@ -84,11 +94,14 @@ def get_tenant(name: str, db: Db, principal: Reader) -> TenantRead:
 
 @router.patch("/v1/tenants/{name}", response_model=TenantRead,
               responses=errors.responses(401, 403, 404, s403=_ADMIN_ONLY, s404=_NOT_FOUND_TENANT),
-              summary="Set a tenant's quota")
+              summary="Set a tenant's quota and sharing")
 def update_tenant(name: str, body: TenantUpdate, request: Request, db: Db, principal: Admin) -> TenantRead:
+    _check_priority_class(request, body.sharing)
     with db.session(write=True) as session:
         tenant = _tenant_for(principal, session, name)
         service.set_quota(tenant, body.quota)
+        if body.sharing is not None:
+            service.set_sharing(tenant, body.sharing)
         read = service.to_read(tenant)
     request.app.state.principals.clear()  # callers of this tenant see the new quota at once
     _sync(request, tenant)

@@ -11,8 +11,8 @@ from kembed_api.auth.roles import Role
 from kembed_api.spec import parse_quantity
 
 __all__ = [
-    "QuotaSpec", "TenantCreate", "TenantList", "TenantRead", "TenantUpdate", "TokenCreate", "TokenCreated",
-    "TokenList", "TokenRead", "Usage", "UsageAmounts",
+    "QuotaSpec", "SharingSpec", "SharingUsage", "TenantCreate", "TenantList", "TenantRead", "TenantUpdate",
+    "TokenCreate", "TokenCreated", "TokenList", "TokenRead", "Usage", "UsageAmounts",
 ]
 
 _TENANT_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -43,6 +43,22 @@ class QuotaSpec(BaseModel):
         return value
 
 
+class SharingSpec(BaseModel):
+    """How a tenant shares: its quota is its nominal (guaranteed) share; in a cohort it lends what it leaves
+    idle and may borrow what the others leave idle, up to its borrowing limit (Kueue's cohorts)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"cohort": "research", "borrowing_limit": {"gpus": 16}, "max_priority_class": "normal"}]})
+
+    cohort: Annotated[str, Field(min_length=1, max_length=48, pattern=_TENANT_NAME)] | None = Field(
+        None, description="Tenants of one cohort lend each other idle quota; null: no cohort (rigid quota).")
+    borrowing_limit: QuotaSpec = Field(
+        default_factory=QuotaSpec, description="At most this much beyond the tenant's quota may be borrowed "
+        "from the cohort (omitted or null fields: as much as the cohort has idle).")
+    max_priority_class: Annotated[str, Field(min_length=1, max_length=32)] | None = Field(
+        None, description="The highest of the platform's priority classes its jobs may use; null: any.")
+
+
 class TenantCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -50,17 +66,20 @@ class TenantCreate(BaseModel):
         description="DNS label; the tenant's namespace on Kubernetes is kembed-<name>."
     )
     quota: QuotaSpec = Field(default_factory=QuotaSpec)
+    sharing: SharingSpec = Field(default_factory=SharingSpec)
 
 
 class TenantUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     quota: QuotaSpec = Field(description="Replaces the tenant's quota; already admitted jobs keep running.")
+    sharing: SharingSpec | None = Field(None, description="Replaces how the tenant shares; omitted: unchanged.")
 
 
 class TenantRead(BaseModel):
     name: str
     quota: QuotaSpec
+    sharing: SharingSpec
     created_at: datetime
 
 
@@ -112,6 +131,16 @@ class UsageAmounts(BaseModel):
     running_jobs: int
 
 
+class SharingUsage(BaseModel):
+    """A cohort member's quota now: nominal is guaranteed; borrowed is what it holds beyond it (the cohort's idle
+    quota, which its lenders may reclaim); lent is its share of what the others borrow (its idle quota)."""
+
+    cohort: str
+    nominal: QuotaSpec
+    borrowed: UsageAmounts
+    lent: UsageAmounts
+
+
 class Usage(BaseModel):
     """A tenant's quota against what it uses now: what the dashboard draws."""
 
@@ -120,3 +149,5 @@ class Usage(BaseModel):
     used: UsageAmounts
     queued_jobs: int
     gpu_hours_7d: float = Field(description="GPU-hours held by the tenant's jobs over the last 7 days.")
+    sharing: SharingUsage | None = Field(None, description="For a tenant in a cohort: what it borrows and lends.")
+

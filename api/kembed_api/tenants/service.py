@@ -8,17 +8,18 @@ from sqlalchemy import bindparam, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from kembed_api import preemption
 from kembed_api.admission import Quota
 from kembed_api.db import Executor, utcnow
 from kembed_api.jobs.models import Job
 from kembed_api.spec import parse_quantity
 from kembed_api.tenants.models import Tenant
-from kembed_api.tenants.schemas import QuotaSpec, TenantRead, Usage, UsageAmounts
+from kembed_api.tenants.schemas import QuotaSpec, SharingSpec, SharingUsage, TenantRead, Usage, UsageAmounts
 from kembed_contract.lifecycle import ACTIVE_STATES
 
 __all__ = [
     "TenantExists", "TenantNotFound", "create_tenant", "ensure_tenant", "get_tenant", "list_tenants", "quota_of",
-    "set_quota", "to_read", "usage",
+    "quota_from_spec", "set_quota", "set_sharing", "share_of", "sharing_of", "to_read", "usage",
 ]
 
 
@@ -35,6 +36,18 @@ def quota_of(tenant: Tenant) -> Quota:
                  max_running_jobs=tenant.quota_max_running_jobs)
 
 
+def share_of(tenant: Tenant) -> preemption.Share:
+    """The tenant's place in admission: its quota is its nominal share; its cohort and borrowing limit."""
+    borrowing = QuotaSpec.model_validate(tenant.borrowing_limit) if tenant.borrowing_limit else QuotaSpec()
+    return preemption.Share(nominal=quota_of(tenant), cohort=tenant.cohort, borrowing_limit=quota_from_spec(borrowing))
+
+
+def quota_from_spec(quota: QuotaSpec) -> Quota:
+    return Quota(gpus=quota.gpus, cpu=quota.cpu,
+                 memory_bytes=None if quota.memory is None else int(parse_quantity(quota.memory)),
+                 max_running_jobs=quota.max_running_jobs)
+
+
 def _quota_spec(tenant: Tenant) -> QuotaSpec:
     memory = tenant.quota_memory_bytes
     return QuotaSpec(
@@ -44,8 +57,19 @@ def _quota_spec(tenant: Tenant) -> QuotaSpec:
     )
 
 
+def sharing_of(tenant: Tenant) -> SharingSpec:
+    return SharingSpec(cohort=tenant.cohort, borrowing_limit=QuotaSpec.model_validate(tenant.borrowing_limit or {}),
+                       max_priority_class=tenant.max_priority_class)
+
+
+def set_sharing(tenant: Tenant, sharing: SharingSpec) -> None:
+    tenant.cohort, tenant.max_priority_class = sharing.cohort, sharing.max_priority_class
+    tenant.borrowing_limit = sharing.borrowing_limit.model_dump(exclude_none=True) or None
+
+
 def to_read(tenant: Tenant) -> TenantRead:
-    return TenantRead(name=tenant.name, quota=_quota_spec(tenant), created_at=tenant.created_at)
+    return TenantRead(name=tenant.name, quota=_quota_spec(tenant), sharing=sharing_of(tenant),
+                      created_at=tenant.created_at)
 
 
 def set_quota(tenant: Tenant, quota: QuotaSpec) -> None:
@@ -64,9 +88,10 @@ def ensure_tenant(session: Session, *, name: str) -> Tenant:
     return tenant
 
 
-def create_tenant(session: Session, *, name: str, quota: QuotaSpec) -> Tenant:
+def create_tenant(session: Session, *, name: str, quota: QuotaSpec, sharing: SharingSpec | None = None) -> Tenant:
     tenant = Tenant(name=name)
     set_quota(tenant, quota)
+    set_sharing(tenant, sharing or SharingSpec())
     try:
         with session.begin_nested():
             session.add(tenant)
@@ -110,7 +135,43 @@ def usage(session: Executor, *, tenant: Tenant, now: datetime | None = None) -> 
         used=UsageAmounts(gpus=gpus, cpu=cpu, memory_bytes=memory, running_jobs=running),
         queued_jobs=queued,
         gpu_hours_7d=_gpu_hours(session, tenant=tenant, since=now - timedelta(days=7), now=now),
+        sharing=_sharing_usage(session, tenant=tenant) if tenant.cohort else None,
     )
+
+
+# What each member of a cohort holds now, with its quota (one statement).
+_COHORT_USE = (
+    select(Tenant.id, Tenant.quota_gpus, Tenant.quota_cpu, Tenant.quota_memory_bytes, Tenant.quota_max_running_jobs,
+           func.count(Job.seq), func.coalesce(func.sum(Job.gpus), 0), func.coalesce(func.sum(Job.cpu), 0.0),
+           func.coalesce(func.sum(Job.memory_bytes), 0))
+    .outerjoin(Job, (Job.tenant_id == Tenant.id) & or_(*(Job.state == state for state in ACTIVE_STATES)))
+    .where(Tenant.cohort == bindparam("cohort")).group_by(Tenant.id)
+)
+_AMOUNTS = ("running_jobs", "gpus", "cpu", "memory_bytes")
+
+
+def _sharing_usage(session: Executor, *, tenant: Tenant) -> SharingUsage:
+    """Borrowed: what the tenant holds beyond its nominal quota. Lent: its part of what the cohort's borrowers
+    hold, in proportion to the quota each lender leaves idle (a dimension without a limit is never lent)."""
+    borrowed: dict[int, dict[str, float]] = {}
+    idle: dict[int, dict[str, float]] = {}
+    for tid, q_gpus, q_cpu, q_memory, q_jobs, jobs, gpus, cpu, memory in session.execute(
+            _COHORT_USE, {"cohort": tenant.cohort}):
+        nominal = dict(zip(_AMOUNTS, (q_jobs, q_gpus, q_cpu, q_memory), strict=True))
+        used = dict(zip(_AMOUNTS, (jobs, gpus, cpu, memory), strict=True))
+        borrowed[tid] = {k: 0.0 if nominal[k] is None else max(0.0, used[k] - nominal[k]) for k in _AMOUNTS}
+        idle[tid] = {k: 0.0 if nominal[k] is None else max(0.0, nominal[k] - used[k]) for k in _AMOUNTS}
+    lent = {}
+    for k in _AMOUNTS:
+        total_borrowed = sum(b[k] for b in borrowed.values())
+        total_idle = sum(i[k] for i in idle.values())
+        lent[k] = total_borrowed * idle[tenant.id][k] / total_idle if total_idle else 0.0
+
+    def amounts(values: dict[str, float]) -> UsageAmounts:
+        return UsageAmounts(gpus=values["gpus"], cpu=values["cpu"], memory_bytes=int(values["memory_bytes"]),
+                            running_jobs=int(values["running_jobs"]))
+    return SharingUsage(cohort=tenant.cohort, nominal=_quota_spec(tenant), borrowed=amounts(borrowed[tenant.id]),
+                        lent=amounts(lent))
 
 
 def _gpu_hours(session: Executor, *, tenant: Tenant, since: datetime, now: datetime) -> float:
