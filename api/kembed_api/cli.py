@@ -228,6 +228,17 @@ CpuOption = Annotated[float | None, typer.Option(help="CPU cores the tenant's ru
 MemoryOption = Annotated[str | None, typer.Option(help="Memory the running jobs may hold, e.g. 256Gi.")]
 RunningOption = Annotated[int | None, typer.Option(help="Jobs running at once.")]
 QueuedOption = Annotated[int | None, typer.Option(help="Jobs waiting at once (more are refused).")]
+CohortOption = Annotated[str | None, typer.Option(help="Cohort whose members lend each other idle quota.")]
+BorrowGpusOption = Annotated[int | None, typer.Option(help="GPUs it may borrow beyond its quota (default: any idle).")]
+ClassOption = Annotated[str | None, typer.Option(help="Highest priority class its jobs may use (default: any).")]
+
+
+def _sharing(cohort, borrow_gpus, max_priority_class) -> dict[str, Any] | None:
+    """None when no sharing option is given (unchanged on set-quota; no cohort on create)."""
+    if cohort is None and borrow_gpus is None and max_priority_class is None:
+        return None
+    borrowing = {"gpus": borrow_gpus} if borrow_gpus is not None else {}
+    return {"cohort": cohort, "borrowing_limit": borrowing, "max_priority_class": max_priority_class}
 
 
 def _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs) -> dict[str, Any]:
@@ -242,25 +253,41 @@ def _show_quota(quota: dict[str, Any]) -> str:
 
 
 def _show_tenant(tenant: dict[str, Any]) -> None:
-    console.print(f"tenant [bold]{tenant['name']}[/bold]: {_show_quota(tenant['quota'])}")
+    console.print(f"tenant [bold]{tenant['name']}[/bold]: {_show_quota(tenant['quota'])}{_show_sharing(tenant)}")
+
+
+def _show_sharing(tenant: dict[str, Any]) -> str:
+    sharing = tenant.get("sharing") or {}
+    parts = []
+    if sharing.get("cohort"):
+        parts.append(f"cohort {sharing['cohort']}, may borrow {_show_quota(sharing.get('borrowing_limit') or {})}")
+    if sharing.get("max_priority_class"):
+        parts.append(f"priority classes up to {sharing['max_priority_class']}")
+    return f"; {'; '.join(parts)}" if parts else ""
 
 
 @tenants_app.command("create")
 def tenants_create(name: str, gpus: GpusOption = None, cpu: CpuOption = None, memory: MemoryOption = None,
                    max_running_jobs: RunningOption = None, max_queued_jobs: QueuedOption = None,
-                   server: ServerOption = "http://127.0.0.1:8080") -> None:
-    """Create a tenant; limits not given are unlimited."""
+                   cohort: CohortOption = None, borrow_gpus: BorrowGpusOption = None,
+                   max_priority_class: ClassOption = None, server: ServerOption = "http://127.0.0.1:8080") -> None:
+    """Create a tenant; limits not given are unlimited (its quota is its guaranteed share in a cohort)."""
     quota = _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs)
-    _show_tenant(_request(server, lambda client: client.create_tenant(name, quota)))
+    sharing = _sharing(cohort, borrow_gpus, max_priority_class)
+    _show_tenant(_request(server, lambda client: client.create_tenant(name, quota, sharing)))
 
 
 @tenants_app.command("set-quota")
 def tenants_set_quota(name: str, gpus: GpusOption = None, cpu: CpuOption = None, memory: MemoryOption = None,
                       max_running_jobs: RunningOption = None, max_queued_jobs: QueuedOption = None,
+                      cohort: CohortOption = None, borrow_gpus: BorrowGpusOption = None,
+                      max_priority_class: ClassOption = None,
                       server: ServerOption = "http://127.0.0.1:8080") -> None:
-    """Replace a tenant's quota (limits not given become unlimited); running jobs keep running."""
+    """Replace a tenant's quota (limits not given become unlimited) and, if any sharing option is given, its
+    sharing; running jobs keep running."""
     quota = _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs)
-    _show_tenant(_request(server, lambda client: client.set_quota(name, quota)))
+    sharing = _sharing(cohort, borrow_gpus, max_priority_class)
+    _show_tenant(_request(server, lambda client: client.set_quota(name, quota, sharing)))
 
 
 @tenants_app.command("list")
@@ -283,6 +310,12 @@ def tenants_usage(name: Annotated[str | None, typer.Argument(help="Default: the 
     console.print(f"used: {used['gpus']:g} GPUs, {used['cpu']:g} CPU, {used['memory_bytes'] / 2**30:.1f} GiB, "
                   f"{used['running_jobs']} running jobs; {usage['queued_jobs']} queued; "
                   f"{usage['gpu_hours_7d']:.1f} GPU-hours in 7 days")
+    sharing = usage.get("sharing")
+    if sharing:
+        borrowed, lent = sharing["borrowed"], sharing["lent"]
+        console.print(f"cohort {sharing['cohort']}: nominal {_show_quota(sharing['nominal'])}; borrowed "
+                      f"{borrowed['gpus']:g} GPUs, {borrowed['cpu']:g} CPU; lent {lent['gpus']:g} GPUs, "
+                      f"{lent['cpu']:g} CPU")
 
 
 @tokens_app.command("create")

@@ -77,14 +77,16 @@ class Client:
         return self._call("GET", f"/v1/jobs/{job_id}/logs", params={"tail": tail} if tail else {}).text
 
     # ------------------------------------------------------------------------------------------- tenants
-    def create_tenant(self, name: str, quota: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", "/v1/tenants", json={"name": name, "quota": quota}).json()
+    def create_tenant(self, name: str, quota: dict[str, Any], sharing: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = {"name": name, "quota": quota, **({"sharing": sharing} if sharing is not None else {})}
+        return self._call("POST", "/v1/tenants", json=body).json()
 
     def tenants(self) -> dict[str, Any]:
         return self._call("GET", "/v1/tenants").json()
 
-    def set_quota(self, name: str, quota: dict[str, Any]) -> dict[str, Any]:
-        return self._call("PATCH", f"/v1/tenants/{name}", json={"quota": quota}).json()
+    def set_quota(self, name: str, quota: dict[str, Any], sharing: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = {"quota": quota, **({"sharing": sharing} if sharing is not None else {})}
+        return self._call("PATCH", f"/v1/tenants/{name}", json=body).json()
 
     def usage(self, tenant: str | None = None) -> dict[str, Any]:
         return self._call("GET", f"/v1/tenants/{tenant}/usage" if tenant else "/v1/usage").json()

@@ -27,7 +27,7 @@ from kembed_api.jobs.models import Job, JobEvent
 from kembed_api.observability import Metrics
 from kembed_api.spec import JobSpec
 from kembed_api.tenants.models import Tenant
-from kembed_api.tenants.service import quota_of, share_of
+from kembed_api.tenants.service import share_of
 from kembed_contract import lifecycle
 from kembed_contract.lifecycle import ACTIVE_STATES, JobState
 
@@ -239,7 +239,7 @@ class Dispatcher:
         resuming = job.state == JobState.RESTARTING or job.checkpoint_uri is not None  # restarted or preempted
         try:
             if job.restart_count == 0 and not resuming:
-                self.backend.sync_tenant(tenant.name, quota_of(tenant))
+                self.backend.sync_tenant(tenant.name, preemption.ceiling(share_of(tenant)))
             backend_state = self.backend.start(
                 Launch(job_id=job.id, tenant=tenant.name, spec=spec, attempt=job.restart_count + 1,
                        report_url=f"{self.public_url}/v1/jobs/{job.id}/reports", report_token=token)

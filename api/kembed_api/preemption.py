@@ -17,7 +17,9 @@ The model (Kueue's ClusterQueue and cohort, in kembed's words):
   A member never loses what it holds within its own nominal quota to another tenant.
 - Victims are chosen lowest priority first, then least work at risk (since their last complete checkpoint),
   then newest; then every victim not needed after all is spared again.
-- Never thrashing: a job preempted `protect_after` times within the window is protected (never a victim).
+- Never thrashing: a job preempted `protect_after` times within the window is protected from preemption for a
+  higher priority class. A lender reclaiming what it lent still takes it back (the guarantee holds): a lender
+  within its nominal quota is never preempted by another tenant, so reclaims cannot go round in a cycle.
   Never stuck: a job whose victims are still saving waits for them (and no further victims are chosen);
   what they free is reserved for it; every waiting job gets its reason.
 """
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 
 from kembed_api.admission import Demand, Quota, shortfall
 
-__all__ = ["Admit", "Pending", "Plan", "Preempt", "Running", "Share", "Wait", "decide"]
+__all__ = ["Admit", "Pending", "Plan", "Preempt", "Running", "Share", "Wait", "ceiling", "decide"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,12 @@ class Plan:
 def _exceeds(quota: Quota, used: Demand) -> bool:
     """Whether `used` is over `quota` in any dimension."""
     return shortfall(quota, used=used, demand=Demand()) is not None
+
+
+def ceiling(share: Share) -> Quota:
+    """The most a tenant may ever hold: its nominal quota, plus its borrowing limit in a cohort. What the
+    cluster enforces for it (its namespace's ResourceQuota), so that borrowed pods can start."""
+    return share.nominal if share.cohort is None else _plus(share.nominal, share.borrowing_limit)
 
 
 def _plus(a: Quota, b: Quota) -> Quota:
@@ -249,15 +257,15 @@ def _victims(books: _Books, running: dict[Hashable, Running], freeing: dict[Hash
     reclaims = shortfall(share.nominal, used=books.by_tenant[pending.tenant], demand=pending.demand) is None
     candidates: list[tuple[Running, str]] = []
     for job in running.values():
-        if job.stopping or job.protected:
+        if job.stopping:
             continue
         if job.tenant == pending.tenant:
-            if job.priority < pending.priority:
+            if job.priority < pending.priority and not job.protected:
                 candidates.append((job, "HigherPriority"))
         elif share.cohort is not None and books.shares[job.tenant].cohort == share.cohort:
-            if reclaims:
+            if reclaims:  # a guarantee is kept even against a protected borrower: no cycle can follow
                 candidates.append((job, "ReclaimedByLender"))
-            elif may_borrow and job.priority < pending.priority:
+            elif may_borrow and job.priority < pending.priority and not job.protected:
                 candidates.append((job, "HigherPriority"))
     if not candidates:
         return None

@@ -91,11 +91,18 @@ def test_while_victims_save_nobody_else_is_preempted_and_what_they_free_is_reser
         9: "preempted jobs to save their checkpoint and stop", 10: "quota.gpus"}
 
 
-def test_a_protected_job_is_never_a_victim_and_nobody_is_preempted_in_vain():
+def test_a_protected_job_gives_way_to_no_higher_class_and_nobody_is_preempted_in_vain():
+    shares = {"a": share(8, cohort=None)}
+    jobs = [running(1, "a", 4, priority=LOW, protected=True), running(2, "a", 4, priority=LOW)]
+    plan = decide(shares=shares, capacity=CLUSTER, running=jobs, queue=[pending(9, "a", 8, priority=HIGH)])
+    assert plan.preempt == [] and plan.wait[0].key == 9  # one victim would not make room: none at all
+
+
+def test_a_lender_reclaims_even_from_a_protected_borrower():
     shares = {"a": share(8), "b": share(8)}
-    jobs = [running(1, "a", 8, protected=True), running(2, "a", 8, protected=True)]
+    jobs = [running(1, "a", 8, protected=True, at_risk=1.0), running(2, "a", 8, protected=True, at_risk=2.0)]
     plan = decide(shares=shares, capacity=CLUSTER, running=jobs, queue=[pending(9, "b", 8)])
-    assert plan.preempt == [] and plan.wait[0].key == 9
+    assert [(p.victim, p.reason) for p in plan.preempt] == [(1, "ReclaimedByLender")]
 
 
 def test_jobs_within_their_nominal_quota_go_before_jobs_that_would_borrow():

@@ -54,7 +54,8 @@ class Backend(Protocol):
         """Raise ValueError saying why, if this job could never run here (too big for any capacity)."""
 
     def sync_tenant(self, name: str, quota: Quota) -> None:
-        """Make the backend's view of a tenant match the API's (its Kubernetes Tenant); may do nothing."""
+        """Make the backend's view of a tenant match the API's (its Kubernetes Tenant); may do nothing. `quota` is
+        the most the tenant may hold (its quota, plus what it may borrow in a cohort: kembed_api.preemption.ceiling)."""
 
     def capacity(self) -> Quota:
         """What all admitted jobs together may hold here (unlimited where the cluster itself enforces it)."""

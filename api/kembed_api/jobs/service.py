@@ -292,13 +292,13 @@ def submit_many(
     tenant_ids = list({s.tenant_id for s in submissions})
     tenants = {t.id: t for t in session.execute(_TENANTS_FOR_UPDATE, {"ids": tenant_ids})}
     classes = priority_classes or {}
-    refused: dict[int, CannotRun] = {}
+    refused_class: dict[int, CannotRun] = {}  # submissions whose priority class is refused
     resolved = []
     for i, submission in enumerate(submissions):
         try:
             spec = _with_priority_class(submission.spec, tenant=tenants[submission.tenant_id], classes=classes)
         except CannotRun as error:
-            refused[i], spec = error, submission.spec
+            refused_class[i], spec = error, submission.spec
         resolved.append(dataclasses.replace(submission, spec=spec))
     submissions = resolved
     keys = list({(s.tenant_id, s.idempotency_key) for s in submissions if s.idempotency_key is not None})
@@ -331,8 +331,8 @@ def submit_many(
             else:
                 repeats.append((i, first_with_key[key]))  # answered below, from the job the first one creates
             continue
-        if i in refused:
-            outcomes[i] = refused[i]
+        if i in refused_class:
+            outcomes[i] = refused_class[i]
             continue
         try:
             job = _new_job(submission.spec, tenant=tenant, checkpoint_root=checkpoint_root, now=now,
