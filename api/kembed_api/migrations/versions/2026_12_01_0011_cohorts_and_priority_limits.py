@@ -1,15 +1,15 @@
 """cohorts and priority limits: a tenant's cohort, how much it may borrow from it, and its highest priority class
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-12-01 16:00:00
 """
 import sqlalchemy as sa
 from alembic import op
 
 
-revision = '0010'
-down_revision = '0009'
+revision = '0011'
+down_revision = '0010'
 branch_labels = None
 depends_on = None
 
