@@ -18,7 +18,7 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY contract ./contract
 COPY api ./api
 COPY operator ./operator
-# kembed_api.spec imports the trainer's config model (pydantic only): ship that package, not its extra (torch).
+# kembed_contract.spec imports the trainer's config model (pydantic only): ship that package, not its extra (torch).
 COPY trainer_image/kembed_trainer ./trainer_image/kembed_trainer
 RUN pip install -c constraints.txt ".[api,operator]" \
     && python -c "import kembed_api.app, kembed_operator.__main__" \

@@ -75,11 +75,11 @@ def fill(data_dir: Path, num_jobs: int) -> str:
     from kembed_api.db import Database, upgrade_to_head, utcnow
     from kembed_api.jobs import service as jobs_service
     from kembed_api.jobs.models import Job
-    from kembed_api.spec import JobSpec
     from kembed_api.tenants.models import Tenant
     from kembed_api.tenants.schemas import QuotaSpec
     from kembed_api.tenants.service import create_tenant
     from kembed_contract.lifecycle import JobState
+    from kembed_contract.spec import JobSpec
 
     data_dir.mkdir(parents=True)
     url = f"sqlite:///{data_dir / 'kembed.db'}"

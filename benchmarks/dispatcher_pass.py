@@ -24,8 +24,8 @@ sys.path.insert(0, str(REPO))
 from kembed_api.db import Database, upgrade_to_head  # noqa: E402
 from kembed_api.dispatcher import Dispatcher  # noqa: E402
 from kembed_api.jobs import service  # noqa: E402
-from kembed_api.spec import JobSpec  # noqa: E402
 from kembed_api.tenants.service import ensure_tenant  # noqa: E402
+from kembed_contract.spec import JobSpec  # noqa: E402
 from tests.api.conftest import FakeBackend  # noqa: E402
 from tests.builders import make_spec  # noqa: E402
 from tests.fixtures.servers import run_postgres  # noqa: E402

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cached_property
 
-from kembed_api.spec import JobSpec
+from kembed_contract.spec import JobSpec
 
 __all__ = ["Demand", "Quota", "RunningJob", "estimate_start_times", "never_fits", "shortfall"]
 

@@ -25,11 +25,11 @@ from kembed_api.db import Database, utcnow
 from kembed_api.jobs import service
 from kembed_api.jobs.models import Job, JobEvent
 from kembed_api.observability import Metrics
-from kembed_api.spec import JobSpec
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import share_of
 from kembed_contract import lifecycle
 from kembed_contract.lifecycle import ACTIVE_STATES, JobState
+from kembed_contract.spec import JobSpec
 
 __all__ = ["Dispatcher"]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import kopf
 
-from kembed_api import resources
+from kembed_contract import resources
 from kembed_operator import job_state
 from kembed_operator.job_runner import JobRunner
 from kembed_operator.views import JOB_LABEL

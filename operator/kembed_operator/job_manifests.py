@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from kembed_api import resources
+from kembed_contract import resources
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import ATTEMPT_LABEL, INDEX_ANNOTATION, JOB_LABEL
 from kembed_trainer import launch, runtime

@@ -18,7 +18,7 @@ import kopf
 import pydantic
 from kubernetes.client.rest import ApiException
 
-from kembed_api import resources
+from kembed_contract import resources
 from kembed_contract.lifecycle import TERMINAL_STATES, JobState
 from kembed_operator import job_manifests, job_state, progress
 from kembed_operator.kube import Kube, is_not_found

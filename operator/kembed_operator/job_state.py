@@ -18,9 +18,9 @@ import enum
 from collections.abc import Sequence
 from typing import Any
 
-from kembed_api.resources import EmbeddingJobSpec
 from kembed_contract import lifecycle
 from kembed_contract.lifecycle import TERMINAL_STATES, JobState
+from kembed_contract.resources import EmbeddingJobSpec
 from kembed_operator.conditions import set_condition
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import BatchJobView, PodView, parse_time

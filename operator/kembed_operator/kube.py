@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from kembed_api import resources
+from kembed_contract import resources
 
 __all__ = ["Kube", "is_conflict", "is_not_found"]
 

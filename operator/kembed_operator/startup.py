@@ -9,7 +9,7 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
-from kembed_api import resources
+from kembed_contract import resources
 from kembed_operator import diffbase
 from kembed_operator.kube import Kube, is_conflict
 from kembed_operator.observed import Observed

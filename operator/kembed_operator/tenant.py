@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 import pydantic
 
-from kembed_api import resources
+from kembed_contract import resources
 from kembed_contract.lifecycle import TERMINAL_STATES
 from kembed_operator import tenant_manifests
 from kembed_operator.conditions import set_condition

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from kembed_api import resources
+from kembed_contract import resources
 from kembed_operator.job_manifests import S3_SECRET, TENANT_LABEL
 from kembed_operator.settings import OperatorSettings
 

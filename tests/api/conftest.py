@@ -15,7 +15,7 @@ from kembed_api.backends.base import Exit, Launch, Observed
 from kembed_api.db import Database, upgrade_to_head
 from kembed_api.ports import free_port
 from kembed_api.settings import Settings
-from kembed_api.spec import JobSpec
+from kembed_contract.spec import JobSpec
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import pytest
 from kembed_api.dispatcher import Dispatcher
 from kembed_api.jobs import service
 from kembed_api.jobs.models import Job
-from kembed_api.spec import JobSpec
 from kembed_api.tenants.service import ensure_tenant
 from kembed_contract.lifecycle import JobState
+from kembed_contract.spec import JobSpec
 from tests.builders import make_spec
 
 

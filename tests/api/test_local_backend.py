@@ -4,7 +4,7 @@ import pytest
 
 from kembed_api.admission import Quota
 from kembed_api.backends.local import LocalBackend
-from kembed_api.spec import JobSpec
+from kembed_contract.spec import JobSpec
 from tests.builders import make_spec
 
 

@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from kembed_api.spec import JobSpec, parse_quantity
+from kembed_contract.spec import JobSpec, parse_quantity
 from tests.builders import make_spec
 
 

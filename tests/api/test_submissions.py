@@ -4,8 +4,8 @@ batch gets the outcome it would have had alone."""
 from __future__ import annotations
 
 from kembed_api.jobs import service
-from kembed_api.spec import JobSpec
 from kembed_api.tenants.service import ensure_tenant
+from kembed_contract.spec import JobSpec
 from tests.builders import make_spec
 
 

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from kubernetes.client.rest import ApiException
 
-from kembed_api import resources
 from kembed_api.ports import free_port
+from kembed_contract import resources
 from tests.cluster.fixture import Cluster, wait_for
 from tests.fixtures.servers import PostgresServer
 from tests.operator import harness

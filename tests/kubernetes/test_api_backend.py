@@ -8,10 +8,10 @@ import time
 import httpx
 import pytest
 
-from kembed_api import resources
 from kembed_api.app import create_app
 from kembed_api.backends.kubernetes import KubernetesBackend
 from kembed_api.settings import Settings
+from kembed_contract import resources
 from tests.api.conftest import ThreadedServer, bearer
 from tests.builders import make_spec
 from tests.operator import harness

@@ -21,9 +21,9 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from kembed_api import resources
-from kembed_api.spec import JobSpec
+from kembed_contract import resources
 from kembed_contract.lifecycle import TERMINAL_STATES
+from kembed_contract.spec import JobSpec
 from tests.cluster.fixture import Cluster, exists, wait_for
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import kopf
 
-from kembed_api import resources
+from kembed_contract import resources
 from kembed_operator.diffbase import ChangeHandledKindsDiffBase
 
 STORAGE = ChangeHandledKindsDiffBase(kinds=[resources.TENANT_KIND], prefix="kembed.io",

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from kembed_api import resources
+from kembed_contract import resources
 from tests.cluster.fixture import Cluster, wait_for
 from tests.operator import harness
 from tests.operator.harness import JobBuilder

@@ -7,7 +7,7 @@ import datetime
 
 import pytest
 
-from kembed_api.resources import EmbeddingJobSpec
+from kembed_contract.resources import EmbeddingJobSpec
 from kembed_operator.job_state import Action, decide
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import BatchJobView, PodView

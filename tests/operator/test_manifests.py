@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from kembed_api import resources
+from kembed_contract import resources
 
 CHART = pathlib.Path(__file__).resolve().parents[2] / "helm" / "kembed"
 
@@ -16,7 +16,7 @@ def test_committed_crd_templates_match_the_models(name: str):
     generated = resources.chart_crd_templates()[name]
     committed = (CHART / "templates" / "crds" / name).read_text()
     assert committed == generated, (
-        f"helm/kembed/templates/crds/{name} drifted from api/kembed_api/resources.py: run `make manifests`")
+        f"helm/kembed/templates/crds/{name} drifted from contract/kembed_contract/resources.py: run `make manifests`")
 
 
 def test_the_job_schema_has_every_spec_field_and_no_unions():
@@ -38,7 +38,7 @@ def _keys(node) -> set[str]:
 
 
 def test_the_manifest_the_api_creates_round_trips_through_the_models():
-    from kembed_api.spec import JobSpec
+    from kembed_contract.spec import JobSpec
 
     spec = JobSpec.model_validate({"name": "demo", "resources": {"nodes": 2, "gpus_per_node": 8},
                                    "trainer": {"embeddings": {"tables": [{"name": "t", "num_embeddings": 10,

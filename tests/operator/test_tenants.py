@@ -7,7 +7,7 @@ import base64
 import pytest
 from kubernetes.client.rest import ApiException
 
-from kembed_api import resources
+from kembed_contract import resources
 from tests.cluster.fixture import Cluster, wait_for
 from tests.operator import harness
 from tests.operator.harness import RUN_FOREVER, JobBuilder, wait_phase

@@ -1,7 +1,7 @@
 """The trainer's one configuration object, validated once at the edge.
 
 Every section forbids unknown keys so that a typo is an error naming the field, not a silently ignored setting.
-The API (`kembed_api.spec`) embeds `TrainerConfig` in its job spec, so this module imports nothing heavy:
+The API (`kembed_contract.spec`) embeds `TrainerConfig` in its job spec, so this module imports nothing heavy:
 no torch, no numpy.
 """
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kembed_api.admission import Quota
-from kembed_api.spec import JobSpec
 from kembed_contract.lifecycle import JobState
+from kembed_contract.spec import JobSpec
 
 __all__ = ["Backend", "Exit", "Launch", "NotReady", "Observed"]
 

@@ -1,6 +1,6 @@
 """The Kubernetes backend: an admitted job becomes an EmbeddingJob in its tenant's namespace; the operator runs it.
 
-The contract with the operator is kembed_api.resources. The API creates the per-job report-token Secret, then the
+The contract with the operator is kembed_contract.resources. The API creates the per-job report-token Secret, then the
 EmbeddingJob; it cancels by setting spec.cancel, preempts by setting spec.suspend (and admits a preempted job
 again by clearing it); it follows the job by reading status. The operator restarts failed gangs itself (it spends
 max_restarts, by kembed_contract.lifecycle's rule) and reports what it did: RESTARTING with its restartCount,
@@ -18,11 +18,11 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from kembed_api import resources
 from kembed_api.admission import Quota
 from kembed_api.backends.base import Exit, Launch, NotReady, Observed
-from kembed_api.spec import JobSpec, parse_quantity
+from kembed_contract import resources
 from kembed_contract.lifecycle import JobState
+from kembed_contract.spec import JobSpec, parse_quantity
 
 __all__ = ["KubernetesBackend"]
 

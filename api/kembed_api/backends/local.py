@@ -24,8 +24,8 @@ import yaml
 from kembed_api.admission import Quota
 from kembed_api.backends.base import Exit, Launch
 from kembed_api.ports import free_port
-from kembed_api.spec import JobSpec
 from kembed_contract import lifecycle
+from kembed_contract.spec import JobSpec
 from kembed_trainer import runtime
 
 __all__ = ["LocalBackend"]

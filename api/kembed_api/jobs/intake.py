@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from kembed_api.db import Database
 from kembed_api.jobs import service
 from kembed_api.jobs.schemas import JobRead
-from kembed_api.spec import JobSpec
+from kembed_contract.spec import JobSpec
 
 __all__ = ["Intake"]
 

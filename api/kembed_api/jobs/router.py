@@ -15,8 +15,8 @@ from kembed_api.jobs.forecasts import Forecasts
 from kembed_api.jobs.models import Job
 from kembed_api.jobs.schemas import JobCreate, JobEventRead, JobList, JobMetricRead, JobRead, ReportRecord
 from kembed_api.responses import ModelResponse
-from kembed_api.spec import JobSpec
 from kembed_contract.lifecycle import JobState
+from kembed_contract.spec import JobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kembed_api.spec import JobSpec
 from kembed_contract.lifecycle import JobState
+from kembed_contract.spec import JobSpec
 
 __all__ = ["JobCreate", "JobEstimates", "JobEventRead", "JobList", "JobMetricRead", "JobRead", "Progress", "ReportRecord"]
 

@@ -31,11 +31,11 @@ from kembed_api.jobs.schemas import (
     Progress,
     ReportRecord,
 )
-from kembed_api.spec import JobSpec
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import quota_of
 from kembed_contract import lifecycle
 from kembed_contract.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState
+from kembed_contract.spec import JobSpec
 from kembed_trainer import runtime
 
 __all__ = [

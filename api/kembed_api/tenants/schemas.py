@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kembed_api.auth.roles import Role
-from kembed_api.spec import parse_quantity
+from kembed_contract.spec import parse_quantity
 
 __all__ = [
     "QuotaSpec", "SharingSpec", "SharingUsage", "TenantCreate", "TenantList", "TenantRead", "TenantUpdate",

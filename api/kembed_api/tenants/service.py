@@ -12,10 +12,10 @@ from kembed_api import preemption
 from kembed_api.admission import Quota
 from kembed_api.db import Executor, utcnow
 from kembed_api.jobs.models import Job
-from kembed_api.spec import parse_quantity
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.schemas import QuotaSpec, SharingSpec, SharingUsage, TenantRead, Usage, UsageAmounts
 from kembed_contract.lifecycle import ACTIVE_STATES
+from kembed_contract.spec import parse_quantity
 
 __all__ = [
     "TenantExists", "TenantNotFound", "create_tenant", "ensure_tenant", "get_tenant", "list_tenants", "quota_of",

@@ -7,7 +7,7 @@ Create Date: 2026-11-30 04:01:06.429297
 from alembic import op
 import sqlalchemy as sa
 import kembed_api.db
-from kembed_api.spec import parse_quantity
+from kembed_contract.spec import parse_quantity
 
 
 revision = '0002'
