@@ -40,7 +40,7 @@ cluster-bins:
 
 # The CRDs in the Helm chart, generated from the pydantic models (tests/operator/test_manifests.py checks drift).
 manifests: install
-	$(BIN)/python -m kembed_contract.resources --chart helm/kembed
+	$(BIN)/python -m kembed_contract.crds --chart helm/kembed
 
 lint: install
 	$(BIN)/ruff check .

@@ -14,7 +14,7 @@ import yaml
 from kubernetes.client.rest import ApiException
 
 from kembed_api.ports import free_port
-from kembed_contract import resources
+from kembed_contract import crds
 from tests.cluster.fixture import Cluster, wait_for
 from tests.fixtures.servers import PostgresServer
 from tests.operator import harness
@@ -127,9 +127,9 @@ def test_install_reconcile_upgrade_uninstall(cluster: Cluster, tmp_path):
 def _apply_crds(cluster: Cluster) -> None:
     """The CRDs as a platform team applies them beside a release installed with crds.install=false (an earlier
     release of this test run may own them already)."""
-    crds = yaml.safe_dump_all(resources.render_crds())
+    manifests = yaml.safe_dump_all(crds.render_crds())
     subprocess.run([str(cluster.kubectl_path), "apply", "--server-side", "--force-conflicts", "-f", "-"],
-                   input=crds, text=True, env=cluster.env, check=True, capture_output=True)
+                   input=manifests, text=True, env=cluster.env, check=True, capture_output=True)
     wait_for(lambda: cluster.kubectl("get", "tenants", check=False).returncode == 0, timeout_s=30,
              what="tenants.kembed.io served")
 

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from kembed_contract import resources
+from kembed_contract import crds, resources
 from kembed_contract.lifecycle import TERMINAL_STATES
 from kembed_contract.spec import JobSpec
 from tests.cluster.fixture import Cluster, exists, wait_for
@@ -39,8 +39,8 @@ TERMINAL = {s.value for s in TERMINAL_STATES}
 
 def install_platform(cluster: Cluster) -> None:
     """CRDs, the operator's ServiceAccount and RBAC from the chart, and an S3 credentials Secret to copy."""
-    crds = yaml.safe_dump_all(resources.render_crds())
-    subprocess.run([str(cluster.kubectl_path), "apply", "--server-side", "-f", "-"], input=crds, text=True,
+    manifests = yaml.safe_dump_all(crds.render_crds())
+    subprocess.run([str(cluster.kubectl_path), "apply", "--server-side", "-f", "-"], input=manifests, text=True,
                    env=cluster.env, check=True, capture_output=True)
     if not exists(lambda: cluster.core().read_namespace(PLATFORM_NAMESPACE)):
         cluster.create_namespace(PLATFORM_NAMESPACE)

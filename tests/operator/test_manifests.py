@@ -6,21 +6,21 @@ import pathlib
 
 import pytest
 
-from kembed_contract import resources
+from kembed_contract import crds, resources
 
 CHART = pathlib.Path(__file__).resolve().parents[2] / "helm" / "kembed"
 
 
-@pytest.mark.parametrize("name", sorted(resources.chart_crd_templates()))
+@pytest.mark.parametrize("name", sorted(crds.chart_crd_templates()))
 def test_committed_crd_templates_match_the_models(name: str):
-    generated = resources.chart_crd_templates()[name]
+    generated = crds.chart_crd_templates()[name]
     committed = (CHART / "templates" / "crds" / name).read_text()
     assert committed == generated, (
         f"helm/kembed/templates/crds/{name} drifted from contract/kembed_contract/resources.py: run `make manifests`")
 
 
 def test_the_job_schema_has_every_spec_field_and_no_unions():
-    job_crd = {crd["spec"]["names"]["kind"]: crd for crd in resources.render_crds()}["EmbeddingJob"]
+    job_crd = {crd["spec"]["names"]["kind"]: crd for crd in crds.render_crds()}["EmbeddingJob"]
     schema = job_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     spec = schema["properties"]["spec"]["properties"]
     assert set(resources.EmbeddingJobSpec.model_fields) <= set(spec)
