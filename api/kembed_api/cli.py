@@ -22,6 +22,8 @@ from rich.table import Column, Table
 
 from kembed_api.client import ApiError, Client
 from kembed_api.ports import free_port
+from kembed_contract import lifecycle
+from kembed_contract.lifecycle import JobState
 
 # Also written by kembed_api.app; repeated here so the CLI's client commands don't import the server.
 ADMIN_TOKEN_FILE = "admin-token"
@@ -36,8 +38,9 @@ console = Console(soft_wrap=True)
 ServerOption = Annotated[
     str, typer.Option("--server", envvar="KEMBED_SERVER", help="URL of the kembed API.")
 ]
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
-STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan"}
+TERMINAL = {state.value for state in lifecycle.TERMINAL_STATES}
+STATE_STYLE = {JobState.SUCCEEDED: "green", JobState.FAILED: "red", JobState.CANCELLED: "yellow",
+               JobState.RUNNING: "cyan", JobState.PREEMPTED: "magenta"}
 
 
 def _token() -> str | None:
@@ -385,7 +388,7 @@ def _print_outcome(job: dict[str, Any]) -> None:
 
 
 def _exit_with(job: dict[str, Any]) -> None:
-    raise typer.Exit(0 if job["state"] == "SUCCEEDED" else 1)
+    raise typer.Exit(0 if job["state"] == JobState.SUCCEEDED else 1)
 
 
 # ----------------------------------------------------------------------------------------------- demo

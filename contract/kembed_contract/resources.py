@@ -60,6 +60,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from kembed_contract import quota
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec, parse_quantity
 
@@ -128,10 +129,10 @@ def _quantity(value: str) -> str:
 class TenantQuota(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    gpus: int = Field(ge=0, description="nvidia.com/gpu the tenant's pods may request in total.")
+    gpus: int = Field(ge=0, le=quota.MAX_GPUS, description="nvidia.com/gpu the tenant's pods may request in total.")
     cpu: str = Field(description="CPU the tenant's pods may request in total, as a quantity (e.g. 96, 500m).")
     memory: str = Field(description="Memory the tenant's pods may request in total, as a quantity (e.g. 512Gi).")
-    max_running_jobs: int = Field(ge=1, le=10000, description="Jobs the API admits at once for this tenant.")
+    max_running_jobs: int = Field(ge=0, le=quota.MAX_JOBS, description="Jobs the API admits at once for this tenant.")
 
     @field_validator("cpu", "memory")
     @classmethod

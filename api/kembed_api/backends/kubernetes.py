@@ -20,14 +20,15 @@ from kubernetes.client.rest import ApiException
 
 from kembed_api.admission import Quota
 from kembed_api.backends.base import Exit, Launch, NotReady, Observed
-from kembed_contract import resources
+from kembed_contract import quota, resources
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec, parse_quantity
 
 __all__ = ["KubernetesBackend"]
 
-# Unlimited API quotas still need numbers in a ResourceQuota: these are beyond any cluster.
-_UNLIMITED = {"gpus": 1_000_000, "cpu": "100000000", "memory": "1Ei", "max_running_jobs": 10_000}
+# Unlimited API quotas still need numbers in a ResourceQuota: the largest a quota may be (beyond any cluster).
+_UNLIMITED = {"gpus": quota.MAX_GPUS, "cpu": quota.cpu_quantity(quota.MAX_CPU), "memory": str(quota.MAX_MEMORY_BYTES),
+              "max_running_jobs": quota.MAX_JOBS}
 
 
 def _load_client_config() -> None:
@@ -87,13 +88,15 @@ class KubernetesBackend:
         return Quota()
 
     # ------------------------------------------------------------------------------------------- tenants
-    def sync_tenant(self, name: str, quota: Quota) -> None:
+    def sync_tenant(self, name: str, limits: Quota) -> None:
         """Create or update the tenant's Tenant resource (its namespace quota follows the API's quota)."""
         spec = resources.TenantSpec(quota=resources.TenantQuota(
-            gpus=quota.gpus if quota.gpus is not None else _UNLIMITED["gpus"],
-            cpu=f"{quota.cpu:g}" if quota.cpu is not None else _UNLIMITED["cpu"],
-            memory=str(quota.memory_bytes) if quota.memory_bytes is not None else _UNLIMITED["memory"],
-            max_running_jobs=min(max(quota.max_running_jobs or _UNLIMITED["max_running_jobs"], 1), 10_000),
+            gpus=min(limits.gpus, quota.MAX_GPUS) if limits.gpus is not None else _UNLIMITED["gpus"],
+            cpu=quota.cpu_quantity(min(limits.cpu, quota.MAX_CPU)) if limits.cpu is not None else _UNLIMITED["cpu"],
+            memory=str(min(limits.memory_bytes, quota.MAX_MEMORY_BYTES)) if limits.memory_bytes is not None
+            else _UNLIMITED["memory"],
+            max_running_jobs=(min(limits.max_running_jobs, quota.MAX_JOBS) if limits.max_running_jobs is not None
+                              else _UNLIMITED["max_running_jobs"]),
         ))
         manifest = resources.tenant_manifest(name, spec, labels={"app.kubernetes.io/managed-by": "kembed-api"})
         try:

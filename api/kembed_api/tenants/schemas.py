@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kembed_api.auth.roles import Role
+from kembed_contract import quota as quota_bounds
 from kembed_contract.spec import parse_quantity
 
 __all__ = [
@@ -25,20 +26,20 @@ class QuotaSpec(BaseModel):
         "examples": [{"gpus": 16, "cpu": 64, "memory": "256Gi", "max_running_jobs": 4, "max_queued_jobs": 100}]})
 
     # Upper bounds keep every value storable (32-bit integers in PostgreSQL) and far above any real cluster.
-    gpus: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] | None = Field(
+    gpus: Annotated[int, Field(strict=True, ge=0, le=quota_bounds.MAX_GPUS)] | None = Field(
         None, description="GPUs all running jobs may hold together.")
-    cpu: Annotated[float, Field(strict=True, ge=0, le=100_000_000, allow_inf_nan=False)] | None = Field(
+    cpu: Annotated[float, Field(strict=True, ge=0, le=quota_bounds.MAX_CPU, allow_inf_nan=False)] | None = Field(
         None, description="CPU cores all running jobs may hold.")
     memory: Annotated[str, Field(max_length=32)] | None = Field(None, description="Memory all running jobs may hold (a quantity, e.g. 256Gi).")
-    max_running_jobs: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] | None = None
-    max_queued_jobs: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] | None = Field(
+    max_running_jobs: Annotated[int, Field(strict=True, ge=0, le=quota_bounds.MAX_JOBS)] | None = None
+    max_queued_jobs: Annotated[int, Field(strict=True, ge=0, le=quota_bounds.MAX_JOBS)] | None = Field(
         None, description="Jobs waiting at once; a submission beyond it is refused with 429."
     )
 
     @field_validator("memory")
     @classmethod
     def _memory_is_quantity(cls, value: str | None) -> str | None:
-        if value is not None and not 0 <= parse_quantity(value) <= 2**62:
+        if value is not None and not 0 <= parse_quantity(value) <= quota_bounds.MAX_MEMORY_BYTES:
             raise ValueError("must be between 0 and 4Ei")
         return value
 
