@@ -60,6 +60,25 @@ class SkipGramSGD:
         self.threads = threads
         self.pool = concurrent.futures.ThreadPoolExecutor(threads) if threads > 1 else None
         self._before = torch.empty_like(self.weight) if world_size > 1 else None
+        self._train(0, 0, 0.0, 0.0, seed=0)  # compile (or load from numba's cache) before the first step
+
+    def _train(self, first: int, last: int, lr_first: float, lr_last: float, *, seed: int):
+        return sgns_kernel.train_sentences(
+            self.tokens,
+            self.offsets,
+            first,
+            last,
+            self.center,
+            self.context,
+            self.keep,
+            self.cum_table,
+            self.window,
+            self.negatives,
+            lr_first,
+            lr_last,
+            *self.lr_scale,
+            seed,
+        )
 
     def step(self, step: int) -> torch.Tensor:
         """Train on the step's sentences; the mean loss per (center, target) sample of this rank."""
@@ -70,33 +89,18 @@ class SkipGramSGD:
             self._before.copy_(self.weight)
         parts = self._split(first, last)
         seeds = _generator(self.seed, 6, self.rank, step).initial_seed()
+        span = max(1, self.offsets[last] - self.offsets[first])
         jobs = []
         for i, (lo, hi) in enumerate(parts):
             # Each part's rate is its share of the step's linear decay, from where it starts to where it ends.
-            span = max(1, self.offsets[last] - self.offsets[first])
             a = (self.offsets[lo] - self.offsets[first]) / span
             b = (self.offsets[hi] - self.offsets[first]) / span
-            args = (
-                self.tokens,
-                self.offsets,
-                lo,
-                hi,
-                self.center,
-                self.context,
-                self.keep,
-                self.cum_table,
-                self.window,
-                self.negatives,
-                lr_first + (lr_last - lr_first) * a,
-                lr_first + (lr_last - lr_first) * b,
-                *self.lr_scale,
-                (seeds + i * 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF,
-            )
-            jobs.append(args)
+            lr_lo, lr_hi = lr_first + (lr_last - lr_first) * a, lr_first + (lr_last - lr_first) * b
+            jobs.append((lo, hi, lr_lo, lr_hi, (seeds + i * 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF))
         if self.pool is None or len(jobs) == 1:
-            results = [sgns_kernel.train_sentences(*args) for args in jobs]
+            results = [self._train(*job[:4], seed=job[4]) for job in jobs]
         else:
-            results = list(self.pool.map(lambda args: sgns_kernel.train_sentences(*args), jobs))
+            results = list(self.pool.map(lambda job: self._train(*job[:4], seed=job[4]), jobs))
         loss = sum(r[0] for r in results)
         samples = sum(r[1] for r in results)
         if self._before is not None:
