@@ -6,9 +6,10 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import select
 
 from kembed_api.dashboard import service
-from kembed_api.jobs.models import Job
+from kembed_api.jobs.models import Job, JobEvent
 from kembed_api.tenants.schemas import QuotaSpec
 from kembed_api.tenants.service import create_tenant
 from tests.api.conftest import bearer
@@ -47,6 +48,16 @@ def test_history_splits_hours_by_day_and_measures_waits(db):
             # another tenant's: never counted
             _job(other.id, 5, state="SUCCEEDED", created=midnight, admitted=midnight, finished=NOW, gpus=64),
         ])
+        session.flush()
+        running = session.scalar(select(Job).where(Job.id == "h-2"))
+        other_job = session.scalar(select(Job).where(Job.id == "h-5"))
+        session.add_all([
+            JobEvent(job_seq=running.seq, time=midnight - timedelta(hours=1), state="PREEMPTED", reason="Preempted"),
+            JobEvent(job_seq=running.seq, time=midnight + timedelta(hours=10), state="RESTARTING", reason="x"),
+            JobEvent(job_seq=running.seq, time=midnight + timedelta(hours=11), state="RESTARTING", reason="x"),
+            JobEvent(job_seq=running.seq, time=midnight - 10 * day, state="RESTARTING", reason="before the window"),
+            JobEvent(job_seq=other_job.seq, time=midnight, state="PREEMPTED", reason="another tenant's"),
+        ])
     with db.session() as session:
         history = service.history(session, tenant=tenant, days=7, now=NOW)
     assert [d.day.isoformat() for d in history.per_day][-2:] == ["2026-12-09", "2026-12-10"]
@@ -60,10 +71,12 @@ def test_history_splits_hours_by_day_and_measures_waits(db):
     assert history.finished == {"SUCCEEDED": 1, "CANCELLED": 1}
     assert today.finished == {"SUCCEEDED": 1, "CANCELLED": 1}
     assert len(history.per_day) == 7 and all(d.gpu_hours == 0 for d in history.per_day[:-2])
-
+    assert history.preemptions == 1 and history.restarts == 2
+    assert (yesterday.preemptions, yesterday.restarts, today.preemptions, today.restarts) == (1, 0, 0, 2)
     csv = service.to_csv(history).splitlines()
-    assert csv[0] == "day,gpu_hours,cpu_hours,jobs_admitted,avg_queue_wait_s,p90_queue_wait_s,CANCELLED,FAILED,SUCCEEDED"
-    assert csv[-1] == "2026-12-10,10,4,1,3600,3600,1,0,1"  # CPU: 2 h of each job
+    assert csv[0] == ("day,gpu_hours,cpu_hours,jobs_admitted,avg_queue_wait_s,p90_queue_wait_s,preemptions,restarts,"
+                      "CANCELLED,FAILED,SUCCEEDED")
+    assert csv[-1] == "2026-12-10,10,4,1,3600,3600,0,2,1,0,1"  # CPU: 2 h of each job
     assert len(csv) == 8
 
 

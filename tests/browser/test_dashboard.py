@@ -121,6 +121,7 @@ def test_the_bars_match_usage_and_the_queue_matches_the_api(server, make_team, o
     assert from_api[queued[1]] == 1  # priority 1 goes first
     expect(rows.first.locator("td.why")).to_contain_text("waiting for")
     expect(page.locator("#running tbody tr")).to_have_count(1)
+    expect(page.locator("#by-state")).to_have_text("3 queued · 1 running")
     screenshot(page, "team")
 
 
@@ -308,6 +309,7 @@ def test_history_matches_the_api_and_downloads_as_csv(server, make_team, open_br
     api = member._call("GET", "/v1/usage/history", params={"days": 7}).json()
     assert api["finished"] == {"SUCCEEDED": 1}
     expect(page.locator("#states tbody tr")).to_have_count(1)
+    expect(page.locator("#summary")).to_contain_text("Preemptions")
     expect(page.locator("#hours-chart rect")).to_have_count(14)  # 7 days x (GPU, CPU)
     page.get_by_role("button", name="30 days").click()
     expect(page.locator("#hours-chart rect")).to_have_count(60)

@@ -60,6 +60,8 @@ class HistoryDay(BaseModel):
                                            "admitted that day; null when none was.")
     p90_queue_wait_s: float | None
     finished: dict[str, int] = Field(description="Jobs that ended that day, by final state.")
+    preemptions: int = Field(0, description="Times a job was preempted that day (saved and sent back to the queue).")
+    restarts: int = Field(0, description="Times a job restarted from its checkpoint after a retryable failure.")
 
 
 class UsageHistory(BaseModel):
@@ -70,6 +72,8 @@ class UsageHistory(BaseModel):
     avg_queue_wait_s: float | None = Field(description="Over every job admitted in the window.")
     p90_queue_wait_s: float | None
     finished: dict[str, int] = Field(description="Jobs that ended in the window, by final state.")
+    preemptions: int = Field(description="Preemptions in the window.")
+    restarts: int = Field(description="Restarts after retryable failures in the window.")
     per_day: list[HistoryDay] = Field(description="Oldest first, one entry per day of the window.")
 
 

@@ -25,7 +25,7 @@ from kembed_api.dashboard.schemas import (
     UsageHistory,
 )
 from kembed_api.db import Executor, utcnow
-from kembed_api.jobs.models import Job
+from kembed_api.jobs.models import Job, JobEvent
 from kembed_api.jobs.schemas import Progress
 from kembed_api.jobs.service import expected_end
 from kembed_api.tenants import service as tenants
@@ -97,6 +97,12 @@ _IN_WINDOW = select(Job.gpus, Job.cpu, Job.state, Job.created_at, Job.admitted_a
 )
 
 
+# Interruptions inside the window: a job preempted (back to the queue) or restarted after a retryable failure.
+_INTERRUPTIONS = (select(JobEvent.time, JobEvent.state).join(Job, Job.seq == JobEvent.job_seq)
+                  .where(Job.tenant_id == bindparam("tenant_id"), JobEvent.time >= bindparam("since"),
+                         or_(JobEvent.state == JobState.PREEMPTED, JobEvent.state == JobState.RESTARTING)))
+
+
 def _p90(values: list[float]) -> float | None:
     """The nearest-rank 90th percentile."""
     if not values:
@@ -147,16 +153,23 @@ def history(session: Executor, *, tenant: Tenant, days: int, now: datetime | Non
             jobs_admitted=len(waits[day]), avg_queue_wait_s=_mean(waits[day]), p90_queue_wait_s=_p90(waits[day]),
             finished=dict(finished[day]),
         ))
+    interruptions: dict[date, Counter] = defaultdict(Counter)
+    for at, state in session.execute(_INTERRUPTIONS, {"tenant_id": tenant.id, "since": since}):
+        interruptions[at.date()][state] += 1
+    for day in per_day:
+        day.preemptions = interruptions[day.day][JobState.PREEMPTED]
+        day.restarts = interruptions[day.day][JobState.RESTARTING]
     every_wait = [w for day_waits in waits.values() for w in day_waits]
     return UsageHistory(
         tenant=tenant.name, days=days, gpu_hours=round(sum(gpu_hours.values()), 4),
         cpu_hours=round(sum(cpu_hours.values()), 4), avg_queue_wait_s=_mean(every_wait),
-        p90_queue_wait_s=_p90(every_wait), finished=dict(sum(finished.values(), Counter())), per_day=per_day,
+        p90_queue_wait_s=_p90(every_wait), finished=dict(sum(finished.values(), Counter())),
+        preemptions=sum(d.preemptions for d in per_day), restarts=sum(d.restarts for d in per_day), per_day=per_day,
     )
 
 
 CSV_COLUMNS = ("day", "gpu_hours", "cpu_hours", "jobs_admitted", "avg_queue_wait_s", "p90_queue_wait_s",
-               *(s.value for s in sorted(TERMINAL_STATES)))
+               "preemptions", "restarts", *(s.value for s in sorted(TERMINAL_STATES)))
 
 
 def to_csv(history: UsageHistory) -> str:
@@ -165,7 +178,7 @@ def to_csv(history: UsageHistory) -> str:
     for d in history.per_day:
         cells = [d.day.isoformat(), f"{d.gpu_hours:g}", f"{d.cpu_hours:g}", str(d.jobs_admitted),
                  "" if d.avg_queue_wait_s is None else f"{d.avg_queue_wait_s:g}",
-                 "" if d.p90_queue_wait_s is None else f"{d.p90_queue_wait_s:g}",
+                 "" if d.p90_queue_wait_s is None else f"{d.p90_queue_wait_s:g}", str(d.preemptions), str(d.restarts),
                  *(str(d.finished.get(s.value, 0)) for s in sorted(TERMINAL_STATES))]
         lines.append(",".join(cells))
     return "\n".join(lines) + "\n"

@@ -297,6 +297,8 @@
           { title: "Result", class: "result", cell: (j) => resultText(j.result) },
         ],
       });
+      $("#by-state").textContent = Object.entries(o.jobs_by_state).sort()
+        .map(([state, n]) => `${number(n)} ${state.toLowerCase()}`).join(" · ") || "no jobs yet";
       const updated = $("#updated");
       updated.textContent = when(o.generated_at);
       updated.setAttribute("datetime", o.generated_at);
@@ -380,6 +382,7 @@
         ["GPU-hours", number(history.gpu_hours, 2)], ["CPU-hours", number(history.cpu_hours, 2)],
         ["Average queue wait", duration(history.avg_queue_wait_s)], ["p90 queue wait", duration(history.p90_queue_wait_s)],
         ["Jobs admitted", number(history.per_day.reduce((a, d) => a + d.jobs_admitted, 0))],
+        ["Preemptions", number(history.preemptions)], ["Restarts", number(history.restarts)],
       ];
       $("#summary").replaceChildren(...facts.map(([k, v]) => h("div", { class: "card" }, h("dt", {}, k), h("dd", {}, v))));
       barChart($("#hours-chart"), history.per_day,
@@ -401,6 +404,8 @@
           { title: "Admitted", numeric: true, cell: (d) => String(d.jobs_admitted) },
           { title: "Avg wait", numeric: true, cell: (d) => duration(d.avg_queue_wait_s) },
           { title: "p90 wait", numeric: true, cell: (d) => duration(d.p90_queue_wait_s) },
+          { title: "Preempted", numeric: true, cell: (d) => String(d.preemptions) },
+          { title: "Restarts", numeric: true, cell: (d) => String(d.restarts) },
           { title: "Ended", cell: (d) => Object.entries(d.finished).map(([k, v]) => `${v} ${k.toLowerCase()}`).join(", ") || "—" },
         ],
       });
