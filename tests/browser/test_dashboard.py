@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 import time
 from pathlib import Path
 
@@ -136,6 +137,25 @@ def test_borrowing_shows_above_quota(server, make_team, open_browser):
     sign_in(page, server, team.tokens["viewer"])
     expect(bar(page, "cpu")).to_have_attribute("data-level", "over")
     expect(bar(page, "cpu").locator(".bar-value")).to_contain_text("borrowed")
+
+
+@pytest.mark.slow  # trains real jobs
+def test_a_cohort_member_sees_what_it_borrows_and_lends(server, make_team, open_browser):
+    cohort = {"cohort": f"c-{secrets.token_hex(3)}"}
+    lender, borrower = make_team({"cpu": 4}), make_team({"cpu": 1})
+    for team in (lender, borrower):
+        server.client._call("PATCH", f"/v1/tenants/{team.name}", json={
+            "quota": server.client.usage(team.name)["quota"], "sharing": cohort})
+    jobs = [borrower.client().submit(long_job(f"b{i}"))["id"] for i in range(2)]  # 2 CPUs on a quota of 1
+    for job_id in jobs:
+        borrower.wait_for(job_id, lambda j: j["state"] == "RUNNING")
+    page = open_browser()
+    sign_in(page, server, borrower.tokens["viewer"])
+    expect(bar(page, "cpu")).to_have_attribute("data-level", "over")
+    expect(page.locator("#sharing")).to_have_text(f"Cohort {cohort['cohort']}: borrowing 1 CPU · lending nothing")
+    page.context.clear_cookies()
+    sign_in(page, server, lender.tokens["viewer"])
+    expect(page.locator("#sharing")).to_have_text(f"Cohort {cohort['cohort']}: borrowing nothing · lending 1 CPU")
 
 
 @pytest.mark.slow  # trains real jobs

@@ -242,6 +242,16 @@
     }
   }
 
+  // A cohort member borrows beyond its quota what the others leave idle, and lends its own idle quota.
+  function renderSharing(sharing) {
+    const line = $("#sharing");
+    if (!sharing) { line.hidden = true; return; }
+    const amounts = (a) => [a.gpus ? `${number(a.gpus, 1)} GPUs` : null, a.cpu ? `${number(a.cpu, 1)} CPU` : null,
+      a.memory_bytes ? bytes(a.memory_bytes) : null].filter(Boolean).join(", ") || "nothing";
+    line.hidden = false;
+    line.textContent = `Cohort ${sharing.cohort}: borrowing ${amounts(sharing.borrowed)} · lending ${amounts(sharing.lent)}`;
+  }
+
   function progressCell(job) {
     const p = job.progress;
     return h("span", { class: "progress-cell" },
@@ -262,6 +272,7 @@
     poll(async () => {
       const o = await api("/v1/overview");
       renderBars(o);
+      renderSharing(o.usage.sharing);
       $("#running-count").textContent = `(${o.running.length})`;
       syncTable($("#running"), {
         label: "Running jobs", key: (j) => j.id, rows: o.running, empty: "No job holds quota now.",
