@@ -30,15 +30,20 @@ def main(argv: list[str] | None = None) -> int:
 
     env = dist.setup(cfg.distributed.backend, cfg.training.threads, cpu_only=cfg.model.kind == "word2vec")
     reporter = report.Reporter.from_env(enabled=env.is_main)
+    code = None
     try:
         trainer = train.Trainer(cfg, env, reporter)
         try:
-            return trainer.train()
+            code = trainer.train()
+            return code
         finally:
             trainer.close()
             del trainer  # with it the last references to the process groups, which teardown destroys
     finally:
-        reporter.close()
+        # A finished run waits for the API to have its result (the job must not be seen ending without it). A run
+        # stopped by SIGTERM (the server stopping, a cancel, a preemption) or failing waits briefly: whoever stops
+        # it waits for its exit, its checkpoint is in storage already, and the next attempt reports again.
+        reporter.close(flush_s=None if code == runtime.EXIT_OK else report.STOPPED_FLUSH_S)
         dist.teardown()
 
 

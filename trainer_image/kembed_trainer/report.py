@@ -1,7 +1,17 @@
-"""Rank 0's records: one JSON line each on stdout, and best-effort POSTs to the API.
+"""Rank 0's records: one JSON line each on stdout, and POSTs to the API that are retried until acknowledged.
 
-Reporting must never slow or fail training, so HTTP goes through a background thread with short timeouts and
-a few retries, and records that cannot be delivered are dropped (stdout, which the launcher keeps, has them all).
+Reporting must never slow training, so HTTP goes through a background thread; and no record may be lost (a job
+that ended SUCCEEDED with no result and an older checkpoint than its trainer wrote was the cost of dropping
+them). So each record is retried, with a backoff that grows to `max_backoff_s` and no further, until the API
+acknowledges it (2xx), also across an API restart; records go in order, one at a time. `close()` holds the
+trainer's exit until every record is delivered (bounded by `flush_s`): the final `checkpoint` and `done`
+records are committed before the trainer exits, and so before the API can see it end.
+
+A retry may reach the API twice (the first try committed, its answer was lost), so each record carries its
+run (random, one per trainer process) and sequence number; the API applies a record of a run once and never
+one older than the last it applied (kembed_api.jobs.service.apply_report). The API refusing a record for good
+(4xx) drops it: retrying cannot change its mind; a 401/403/404 means the job has a new token or is gone, and
+ends delivery altogether.
 """
 
 from __future__ import annotations
@@ -10,18 +20,26 @@ import json
 import math
 import os
 import queue
+import secrets
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any, TextIO
 
 from kembed_trainer import runtime
 
-__all__ = ["Reporter"]
+__all__ = ["STOPPED_FLUSH_S", "Reporter"]
+
+STOPPED_FLUSH_S = 5.0  # how long a trainer that did not finish (stopped, failed) waits for its reports
 
 _STOP = object()
+# Answers that mean "not now" rather than "never": retried like a connection error.
+_RETRYABLE_STATUSES = frozenset({408, 425, 429})
+# Answers that mean this trainer may no longer report at all (a new attempt has its own token, or the job is gone).
+_GONE_STATUSES = frozenset({401, 403, 404})
 
 
 def _finite(value: Any) -> Any:
@@ -45,18 +63,30 @@ class Reporter:
         token: str | None = None,
         out: TextIO | None = None,
         clock: Callable[[], float] = time.time,
-        timeout_s: float = 2.0,
-        retries: int = 3,
+        timeout_s: float = 10.0,
+        max_backoff_s: float = 5.0,
+        flush_s: float = 600.0,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """`timeout_s`: one POST's wait for an answer (a busy API may take seconds; a retry after it is harmless).
+        `max_backoff_s`: the longest pause between tries. `flush_s`: how long `close()` waits for the API (an API
+        restart takes seconds; an API away for longer than this loses the records still queued, which stdout
+        keeps)."""
         self.enabled = enabled
         self._url = url
         self._token = token
         self._out = out or sys.stdout
         self._clock = clock
         self._timeout_s = timeout_s
-        self._retries = retries
+        self._max_backoff_s = max_backoff_s
+        self._flush_s = flush_s
+        self._sleep = sleep
+        self._run = secrets.token_hex(8)
+        self._seq = 0
+        self._deadline: float | None = None  # set by close(): until then, tries go on for as long as training does
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self.undelivered = 0  # records given up on (refused, or still queued when the flush ran out)
         if enabled and url:
             self._thread = threading.Thread(target=self._post_loop, name="kembed-report", daemon=True)
             self._thread.start()
@@ -72,35 +102,58 @@ class Reporter:
     def emit(self, event: str, step: int, **fields: Any) -> None:
         if not self.enabled:
             return
-        record = _finite({"event": event, "step": step, "time": self._clock(), **fields})
+        self._seq += 1
+        record = _finite({"event": event, "step": step, "time": self._clock(), **fields,
+                          "run": self._run, "seq": self._seq})
         print(json.dumps(record, allow_nan=False), file=self._out, flush=True)
         if self._thread is not None:
             self._queue.put(record)
 
-    def close(self, wait_s: float = 5.0) -> None:
-        """Give queued records a bounded chance to reach the API (the `done` record matters most)."""
+    def close(self, *, flush_s: float | None = None) -> None:
+        """Return once every record reached the API, or `flush_s` (default: the reporter's) passed; then say how
+        many did not."""
         if self._thread is None:
             return
+        flush_s = self._flush_s if flush_s is None else flush_s
+        self._deadline = time.monotonic() + flush_s
         self._queue.put(_STOP)
-        self._thread.join(timeout=wait_s)
+        self._thread.join(timeout=flush_s + self._timeout_s)
+        # Still posting after that: the record in flight and those behind it (less the stop marker) are lost.
+        missing = self.undelivered + (self._queue.qsize() if self._thread.is_alive() else 0)
         self._thread = None
+        if missing:
+            print(f"kembed: {missing} report(s) did not reach the API ({self._url}); they are in this log",
+                  file=sys.stderr, flush=True)
 
     def _post_loop(self) -> None:
+        gone = False
         while (record := self._queue.get()) is not _STOP:
-            self._post(record)
+            if gone or not self._deliver(record):
+                gone = True
+                self.undelivered += 1
 
-    def _post(self, record: dict[str, Any]) -> None:
+    def _deliver(self, record: dict[str, Any]) -> bool:
+        """Post until acknowledged; False when delivery should stop (the job is gone, or the flush ran out)."""
         headers = {"Content-Type": "application/json"}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
-        body = json.dumps(record).encode()
-        for attempt in range(self._retries):
+        body = json.dumps(record, allow_nan=False).encode()
+        backoff = 0.2
+        while True:
             try:
                 req = urllib.request.Request(self._url, data=body, headers=headers, method="POST")
                 with urllib.request.urlopen(req, timeout=self._timeout_s) as resp:
                     resp.read()
-                return
-            except Exception as exc:  # noqa: BLE001 - the API being down must not stop training
-                if 400 <= getattr(exc, "code", 0) < 500:
-                    return  # the API refused this record; retrying won't change its mind
-                time.sleep(0.2 * 2**attempt)
+                return True
+            except urllib.error.HTTPError as exc:
+                if exc.code in _GONE_STATUSES:
+                    return False
+                if 400 <= exc.code < 500 and exc.code not in _RETRYABLE_STATUSES:
+                    self.undelivered += 1  # this record is refused for good; the next ones may not be
+                    return True
+            except Exception:  # noqa: BLE001,S110 - the API down, restarting or slow: try again
+                pass
+            if self._deadline is not None and time.monotonic() + backoff > self._deadline:
+                return False
+            self._sleep(backoff)
+            backoff = min(backoff * 2, self._max_backoff_s)

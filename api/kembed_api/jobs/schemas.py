@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec
+from kembed_trainer.config import NumbersOnly
 
 __all__ = ["JobCreate", "JobEstimates", "JobEventRead", "JobList", "JobMetricRead", "JobRead", "Progress", "ReportRecord"]
 
@@ -98,8 +99,13 @@ class JobMetricRead(BaseModel):
 class ReportRecord(BaseModel):
     """One JSON line of the trainer (see docs/trainer.md); unknown keys are kept as metric values."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
-    event: str = Field(max_length=32)
-    step: int = Field(ge=0, le=2**31 - 1)
-    time: float | None = None
+    event: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_.-]+$")
+    step: Annotated[int, NumbersOnly] = Field(ge=0, le=2**31 - 1)
+    time: float | None = Field(None, allow_inf_nan=False)
+    run: str | None = Field(None, min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_-]+$",
+                            description="The reporting trainer process (random, one per process).")
+    seq: Annotated[int, NumbersOnly] | None = Field(None, ge=1, le=2**62,
+                            description="The record's number within its run, from 1: a record of a run is applied "
+                            "once, and never after a later one of the same run.")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hmac
 import re
@@ -427,10 +426,12 @@ def _new_job(spec: JobSpec, *, tenant: Row, checkpoint_root: str, now: datetime,
     return _NewJob(row=dict(
         id=job_id, tenant_id=tenant.id, name=spec.name, spec=spec.model_dump(mode="json"), priority=spec.priority,
         gpus=demand.gpus, cpu=demand.cpu, memory_bytes=demand.memory_bytes, processes=demand.processes,
-        idempotency_key=idempotency_key, spec_hash=spec_hash, state=JobState.QUEUED, reason="Submitted", message="waiting for admission",
+        idempotency_key=idempotency_key, spec_hash=spec_hash, state=JobState.QUEUED, reason="Submitted",
+        message="waiting for admission",
         cancel_requested=False, restart_count=0, created_at=now, admitted_at=None, started_at=None,
         finished_at=None, step=0, total_steps=spec.trainer.training.steps, metrics={},
-        checkpoint_uri=None, checkpoint_step=None, backend_state={}, report_token_hash=None,
+        checkpoint_uri=None, checkpoint_step=None, backend_state={}, report_token_hash=None, report_run=None,
+        report_seq=None,
     ), spec=spec)
 
 
@@ -487,17 +488,13 @@ def get_job(session: Session, *, tenant: Tenant, job_id: str, for_update: bool =
 
 
 def _encode_cursor(seq: int) -> str:
-    return base64.urlsafe_b64encode(str(seq).encode()).decode().rstrip("=")
+    return str(seq)
 
 
 def _decode_cursor(cursor: str) -> int:
-    try:
-        seq = int(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode())
-    except ValueError as error:
-        raise ValueError("cursor is not one this API returned") from error
-    if not 0 < seq <= 2**31:  # job numbers are 32-bit: a larger one was never handed out
-        raise ValueError("cursor is not one this API returned")
-    return seq
+    """The job number a page continues below. Any number is a cursor (the route takes digits only): one past every
+    job number (32-bit) continues from the newest."""
+    return min(int(cursor), 2**31)
 
 
 def list_jobs(
@@ -698,14 +695,29 @@ def request_cancel(session: Session, *, tenant: Tenant, job_id: str, now: dateti
 
 
 # Keys of a report that are bookkeeping, not metric values.
-_RECORD_KEYS = frozenset({"event", "step", "time", "total_steps"})
+_RECORD_KEYS = frozenset({"event", "step", "time", "total_steps", "run", "seq"})
+
+
+def _checkpoint_at(job: Job, uri: str, step: int) -> None:
+    """The job's latest checkpoint is this one, unless a later step's was reported already."""
+    if job.checkpoint_step is None or step >= job.checkpoint_step:
+        job.checkpoint_uri, job.checkpoint_step = uri, step
 
 
 def apply_report(session: Session, *, job: Job, record: ReportRecord, now: datetime | None = None) -> None:
-    """Fold one trainer record into the job: progress, latest metrics, checkpoint, final result."""
+    """Fold one trainer record into the job: progress, latest metrics, checkpoint, final result.
+
+    Applying a record twice changes nothing: trainers retry until acknowledged, so a record whose first try was
+    committed (its answer lost) comes again. A record of the run applied last is applied only if it is newer than
+    the last one of that run (`seq`); and a checkpoint never moves back to an older step, whoever reports it.
+    """
     values: dict[str, Any] = {k: v for k, v in record.model_dump().items() if k not in _RECORD_KEYS}
     if JobState(job.state) in TERMINAL_STATES:
         return  # late records of a finished job change nothing
+    if record.run is not None and record.seq is not None:
+        if record.run == job.report_run and record.seq <= (job.report_seq or 0):
+            return  # applied already (a retry), or older than one applied
+        job.report_run, job.report_seq = record.run, record.seq
     job.step = max(job.step, record.step) if record.event != runtime.EVENT_STARTED else record.step
     if record.model_extra and isinstance(record.model_extra.get("total_steps"), int):
         job.total_steps = record.model_extra["total_steps"]
@@ -714,10 +726,10 @@ def apply_report(session: Session, *, job: Job, record: ReportRecord, now: datet
     elif record.event == runtime.EVENT_EVAL:
         job.metrics = {**job.metrics, **{f"eval_{k}": v for k, v in values.items()}}
     elif record.event == runtime.EVENT_CHECKPOINT and isinstance(values.get("uri"), str):
-        job.checkpoint_uri, job.checkpoint_step = values["uri"], record.step
+        _checkpoint_at(job, values["uri"], record.step)
     elif record.event == runtime.EVENT_DONE:
         job.result = values.get("eval") if isinstance(values.get("eval"), dict) else {}
         if isinstance(values.get("checkpoint"), str):
-            job.checkpoint_uri, job.checkpoint_step = values["checkpoint"], record.step
+            _checkpoint_at(job, values["checkpoint"], record.step)
     session.add(JobMetric(job_seq=job.seq, time=now or utcnow(), event=record.event, step=record.step,
                           values=values))

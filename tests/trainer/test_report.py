@@ -1,0 +1,105 @@
+"""The reporter's delivery: every record reaches the API once acknowledged, in order, across refusals to answer
+and a restart of the API on the same port; what the API refuses for good is dropped, and nothing waits forever.
+
+The API's report route is played by a small HTTP server here (the real one is exercised with real trainers in
+tests/security/test_reports.py); what is tested is the reporter's side of the exchange.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from kembed_api.ports import free_port
+from kembed_trainer import report
+
+
+class _Api:
+    """Answers each POST with the next status of `statuses` (then 204), keeping the bodies it acknowledged."""
+
+    def __init__(self, port: int, statuses: list[int] | None = None) -> None:
+        self.received: list[dict] = []
+        self.statuses = list(statuses or [])
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                status = api.statuses.pop(0) if api.statuses else 204
+                if status == 204:
+                    api.received.append(body)
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _reporter(port: int, **kwargs) -> report.Reporter:
+    return report.Reporter(enabled=True, url=f"http://127.0.0.1:{port}/v1/jobs/j/reports", token="t",
+                           out=io.StringIO(), **kwargs)
+
+
+def test_records_survive_refusals_and_an_api_restart_in_order_and_close_waits_for_them():
+    port = free_port()
+    api = _Api(port, statuses=[503, 502])
+    reporter = _reporter(port, max_backoff_s=0.5)
+    reporter.emit("started", 0)
+    api.stop()  # the API restarts: nothing listens for a while
+    reporter.emit("checkpoint", 60, uri="file:///c/step-60")
+    reporter.emit("done", 60, eval={"auc": 0.7})
+    restarted: list[_Api] = []
+    timer = threading.Timer(1.5, lambda: restarted.append(_Api(port)))  # back, on the same port
+    timer.start()
+    reporter.close()  # returns only once everything was acknowledged
+    timer.join()
+    again = restarted[0]
+    try:
+        delivered = api.received + again.received
+        assert [(r["event"], r["seq"]) for r in delivered] == [("started", 1), ("checkpoint", 2), ("done", 3)]
+        assert reporter.undelivered == 0
+    finally:
+        again.stop()
+
+
+def test_a_record_refused_for_good_is_dropped_and_the_next_ones_still_go():
+    port = free_port()
+    api = _Api(port, statuses=[422])
+    reporter = _reporter(port)
+    reporter.emit("progress", 1, loss=1.0)
+    reporter.emit("done", 2)
+    reporter.close()
+    api.stop()
+    assert [r["event"] for r in api.received] == ["done"] and reporter.undelivered == 1
+
+
+def test_a_job_that_is_gone_ends_delivery():
+    port = free_port()
+    api = _Api(port, statuses=[404] * 10)
+    reporter = _reporter(port)
+    for step in range(3):
+        reporter.emit("progress", step)
+    reporter.close()
+    api.stop()
+    assert api.received == [] and reporter.undelivered == 3
+
+
+def test_an_api_that_never_comes_back_holds_the_exit_no_longer_than_the_flush_and_backs_off_boundedly():
+    pauses: list[float] = []
+    reporter = _reporter(free_port(), flush_s=3.0, max_backoff_s=0.8, sleep=lambda s: (pauses.append(s),
+                                                                                        threading.Event().wait(s)))
+    reporter.emit("done", 5)
+    reporter.close()
+    assert reporter.undelivered == 1
+    assert pauses and max(pauses) == 0.8 and pauses[:3] == [0.2, 0.4, 0.8]
