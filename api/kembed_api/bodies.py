@@ -3,6 +3,8 @@
 A plain ASGI middleware (no worker-thread trip, no copy beyond the body itself):
 - a body larger than `max_bytes` is refused with 413, from its Content-Length before anything is read, or while
   it arrives when it is chunked (no Content-Length): the server never holds more than `max_bytes` of it;
+- a body that is not JSON at all (not UTF-8, malformed, nested past what can be read) is refused with 422 here,
+  in the one error shape, rather than as the framework's own 400;
 - a JSON body holding `NaN`, `Infinity` or `-Infinity` (Python's json accepts them, JSON does not), a number too
   large for a float (`1e400` reads as infinity) or an integer of thousands of digits is refused with 422 naming
   the field, instead of reaching the application, where such values got stored, trained on (a learning rate of
@@ -20,7 +22,7 @@ from starlette.datastructures import Headers
 
 from kembed_api import errors
 
-__all__ = ["BodyGuard", "find_non_finite"]
+__all__ = ["BodyGuard", "InvalidJson", "find_non_finite"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -62,9 +64,13 @@ def _first_bad(value: Any, path: list[str | int]) -> tuple[list[str | int], str]
     return None
 
 
+class InvalidJson(ValueError):
+    """The body is not JSON at all (not UTF-8, not well formed, nested past what can be read)."""
+
+
 def find_non_finite(body: bytes) -> tuple[list[str | int], str] | None:
-    """(the path, the literal) of the first number in a JSON body that is not a finite float; None if none is,
-    or if the body is not JSON at all (the application says so in its own words)."""
+    """(the path, the literal) of the first number in a JSON body that is not a finite float, or None; raises
+    InvalidJson for a body that is not JSON."""
     found = False
 
     def mark(text: str) -> _NonFinite:
@@ -81,9 +87,15 @@ def find_non_finite(body: bytes) -> tuple[list[str | int], str] | None:
         return mark(value.text) if isinstance(value, _NonFinite) else value
 
     try:
-        parsed = json.loads(body, parse_constant=mark, parse_float=check_float, parse_int=check_int)
-    except (ValueError, RecursionError):
-        return None
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidJson("not UTF-8 text") from None
+    try:
+        parsed = json.loads(text, parse_constant=mark, parse_float=check_float, parse_int=check_int)
+    except json.JSONDecodeError as error:
+        raise InvalidJson(f"{error.msg} at position {error.pos}") from None
+    except RecursionError:
+        raise InvalidJson("nested too deeply") from None
     return _first_bad(parsed, []) if found else None
 
 
@@ -123,12 +135,19 @@ class BodyGuard:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        if body and _is_json(headers) and (bad := find_non_finite(body)):
-            path, literal = bad
-            item = errors.ErrorItem(loc=["body", *path], type="finite_number",
-                                    msg=f"Input should be a finite number, got {literal} (not a JSON number)")
-            await errors.validation_response([item.model_dump()])(scope, receive, send)
-            return
+        if body and _is_json(headers):
+            try:
+                bad = find_non_finite(body)
+            except InvalidJson as error:
+                item = errors.ErrorItem(loc=["body"], type="json_invalid", msg=f"not JSON: {error}")
+                await errors.validation_response([item.model_dump()])(scope, receive, send)
+                return
+            if bad:
+                path, literal = bad
+                item = errors.ErrorItem(loc=["body", *path], type="finite_number",
+                                        msg=f"Input should be a finite number, got {literal} (not a JSON number)")
+                await errors.validation_response([item.model_dump()])(scope, receive, send)
+                return
 
         replayed = False
 

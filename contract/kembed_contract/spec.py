@@ -13,16 +13,18 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kembed_trainer.config import TrainerConfig
+from kembed_trainer.config import NumbersOnly, TrainerConfig
 
 __all__ = [
     "JobSpec",
+    "QUANTITY_PATTERN",
     "Resources",
     "parse_quantity",
 ]
 
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$")
+QUANTITY_PATTERN = r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$"
+_QUANTITY = re.compile(QUANTITY_PATTERN)
 _QUANTITY_FACTORS = {
     None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
@@ -52,18 +54,17 @@ class Resources(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    nodes: int = Field(1, strict=True, ge=1, le=256, description="Pods (machines) in the gang.")
-    procs_per_node: int | None = Field(
+    nodes: Annotated[int, NumbersOnly] = Field(1, ge=1, le=256, description="Pods (machines) in the gang.")
+    procs_per_node: Annotated[int, NumbersOnly] | None = Field(
         None,
-        strict=True,
         ge=1,
         le=64,
         description="Trainer processes (ranks) per node. Defaults to gpus_per_node, or 1 without GPUs.",
     )
-    gpus_per_node: int = Field(0, strict=True, ge=0, le=16, description="nvidia.com/gpu per node.")
+    gpus_per_node: Annotated[int, NumbersOnly] = Field(0, ge=0, le=16, description="nvidia.com/gpu per node.")
     cpu_per_node: float = Field(1.0, strict=True, gt=0, le=512, allow_inf_nan=False,
                                 description="CPU cores requested per node.")
-    memory_per_node: str = Field("2Gi", max_length=32,
+    memory_per_node: str = Field("2Gi", max_length=32, pattern=QUANTITY_PATTERN,
                                  description="Memory per node as a Kubernetes quantity, e.g. 16Gi.")
 
     @field_validator("memory_per_node")
@@ -112,9 +113,10 @@ class JobSpec(BaseModel):
 
     # 46: the job id (name + "-" + 5 characters) names Kubernetes objects and pod host names (at most 52).
     name: Annotated[str, Field(min_length=1, max_length=46)] = Field(
-        description="DNS label (lowercase letters, digits, '-'); the job id is the name plus a random suffix."
+        description="DNS label (lowercase letters, digits, '-'); the job id is the name plus a random suffix.",
+        json_schema_extra={"pattern": _DNS_LABEL.pattern},  # checked by _name_is_dns_label, in friendlier words
     )
-    priority: int = Field(0, strict=True, ge=-1000, le=1000,
+    priority: Annotated[int, NumbersOnly] = Field(0, ge=-1000, le=1000,
                           description="Higher runs first within a tenant's queue; a job of a higher priority class "
                           "may preempt lower ones (docs/api.md).")
     priority_class: str | None = Field(
@@ -122,8 +124,8 @@ class JobSpec(BaseModel):
         description="One of the platform's priority classes (KEMBED_PRIORITY_CLASSES): the job's priority becomes "
         "the class's; a tenant may use classes up to its max_priority_class.")
     resources: Resources = Field(default_factory=Resources)
-    max_restarts: int = Field(
-        2, strict=True, ge=0, le=100, description="Gang restarts from the last checkpoint after a retryable failure."
+    max_restarts: Annotated[int, NumbersOnly] = Field(
+        2, ge=0, le=100, description="Gang restarts from the last checkpoint after a retryable failure."
     )
     image: str | None = Field(
         None, min_length=1, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$",

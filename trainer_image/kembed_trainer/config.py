@@ -11,12 +11,22 @@ import json
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 __all__ = [
     "CheckpointConfig",
     "DLRMConfig",
     "DataConfig",
+    "NumbersOnly",
     "DenseOptimizerConfig",
     "DistributedConfig",
     "EmbeddingsConfig",
@@ -49,10 +59,22 @@ MAX_URI = 4096
 MAX_NAME = 256  # a column, feature or table name
 
 
+def _numbers_only(value: object) -> object:
+    """JSON's numbers only: `true` is not 1 and "5" is not 5 (JSON Schema agrees). An integral 5.0 is the integer
+    5, as JSON Schema says too; 5.5 is not."""
+    if isinstance(value, bool | str | bytes):
+        raise PydanticCustomError("number_type", "Input should be a number, not {kind}",
+                                  {"kind": "true/false" if isinstance(value, bool) else "text"})
+    return value
+
+
+NumbersOnly = BeforeValidator(_numbers_only)
+
+
 def _int(ge: int, le: int) -> type[int]:
     if ge == 1:  # said as "greater than 0", as the errors of positive counts always were
-        return Annotated[int, Field(strict=True, gt=0, le=le)]  # type: ignore[return-value]
-    return Annotated[int, Field(strict=True, ge=ge, le=le)]  # type: ignore[return-value]
+        return Annotated[int, NumbersOnly, Field(gt=0, le=le)]  # type: ignore[return-value]
+    return Annotated[int, NumbersOnly, Field(ge=ge, le=le)]  # type: ignore[return-value]
 
 
 PositiveInt = _int(1, MAX_INT32)

@@ -79,16 +79,14 @@ def list_jobs(
     name: Annotated[str | None, Query(max_length=46, pattern=r"^[a-z0-9-]*$",
                                       description="Only jobs submitted with this name.")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=64, description="`next_cursor` of the previous page.")] = None,
+    cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,12}$",
+                                        description="`next_cursor` of the previous page.")] = None,
 ) -> Response:
-    try:
-        with db.session() as session:
-            return ModelResponse(service.list_jobs(
-                session, tenant=principal.tenant, states=state, name=name, limit=limit, cursor=cursor,
-                forecast=lambda: forecasts.fresh(session, tenant=principal.tenant),
-            ))
-    except ValueError as error:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=f"cursor: {error}") from error
+    with db.session() as session:
+        return ModelResponse(service.list_jobs(
+            session, tenant=principal.tenant, states=state, name=name, limit=limit, cursor=cursor,
+            forecast=lambda: forecasts.fresh(session, tenant=principal.tenant),
+        ))
 
 
 @router.get("/{job_id}", response_model=JobRead, responses=_READS, summary="One job with its events")
@@ -122,8 +120,11 @@ def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, fore
 
 @router.get(
     "/{job_id}/logs",
-    response_class=PlainTextResponse,
-    responses={**_READS, 200: {"content": {"text/plain": {}}, "description": "The trainers' output."}},
+    # Response, not PlainTextResponse, as the route's class: FastAPI would otherwise document the errors as text
+    # too, while they are the one JSON error shape.
+    response_class=Response,
+    responses={**_READS, 200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                               "description": "The trainers' output."}},
     summary="Trainer logs",
 )
 def job_logs(
@@ -132,10 +133,10 @@ def job_logs(
     db: Db,
     principal: Reader,
     tail: Annotated[int | None, Query(ge=1, le=100_000, description="Only the last N lines of each node.")] = None,
-) -> str:
+) -> Response:
     with db.session() as session:
         _job_of(session, principal, job_id)
-    return request.app.state.backend.read_logs(job_id, tail_lines=tail)
+    return PlainTextResponse(request.app.state.backend.read_logs(job_id, tail_lines=tail))
 
 
 def _job_of(session, principal, job_id: str) -> Job:

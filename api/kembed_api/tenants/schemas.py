@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kembed_api.auth.roles import Role
 from kembed_contract import quota as quota_bounds
-from kembed_contract.spec import parse_quantity
+from kembed_contract.spec import QUANTITY_PATTERN, parse_quantity
+from kembed_trainer.config import NumbersOnly
 
 __all__ = [
     "QuotaSpec", "SharingSpec", "SharingUsage", "TenantCreate", "TenantList", "TenantRead", "TenantUpdate",
@@ -26,13 +27,13 @@ class QuotaSpec(BaseModel):
         "examples": [{"gpus": 16, "cpu": 64, "memory": "256Gi", "max_running_jobs": 4, "max_queued_jobs": 100}]})
 
     # Upper bounds keep every value storable (32-bit integers in PostgreSQL) and far above any real cluster.
-    gpus: Annotated[int, Field(strict=True, ge=0, le=quota_bounds.MAX_GPUS)] | None = Field(
+    gpus: Annotated[int, NumbersOnly, Field(ge=0, le=quota_bounds.MAX_GPUS)] | None = Field(
         None, description="GPUs all running jobs may hold together.")
     cpu: Annotated[float, Field(strict=True, ge=0, le=quota_bounds.MAX_CPU, allow_inf_nan=False)] | None = Field(
         None, description="CPU cores all running jobs may hold.")
-    memory: Annotated[str, Field(max_length=32)] | None = Field(None, description="Memory all running jobs may hold (a quantity, e.g. 256Gi).")
-    max_running_jobs: Annotated[int, Field(strict=True, ge=0, le=quota_bounds.MAX_JOBS)] | None = None
-    max_queued_jobs: Annotated[int, Field(strict=True, ge=0, le=quota_bounds.MAX_JOBS)] | None = Field(
+    memory: Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)] | None = Field(None, description="Memory all running jobs may hold (a quantity, e.g. 256Gi).")
+    max_running_jobs: Annotated[int, NumbersOnly, Field(ge=0, le=quota_bounds.MAX_JOBS)] | None = None
+    max_queued_jobs: Annotated[int, NumbersOnly, Field(ge=0, le=quota_bounds.MAX_JOBS)] | None = Field(
         None, description="Jobs waiting at once; a submission beyond it is refused with 429."
     )
 
