@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from pydantic import ValidationError
 from sqlalchemy import Row, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
@@ -29,7 +30,8 @@ from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import share_of
 from kembed_contract import lifecycle
 from kembed_contract.lifecycle import ACTIVE_STATES, JobState
-from kembed_contract.spec import JobSpec
+from kembed_contract.spec import JobSpec, read_stored
+from kembed_trainer.config import format_validation_error
 
 __all__ = ["Dispatcher"]
 
@@ -206,7 +208,7 @@ class Dispatcher:
         else:
             after = lifecycle.after_failure(lifecycle.Verdict(True, seen.reason, seen.message),
                                             restarts_used=job.restart_count,
-                                            max_restarts=JobSpec.model_validate(job.spec).max_restarts)
+                                            max_restarts=read_stored(job.spec).max_restarts)
             job.restart_count = after.restart_count
             service.transition(session, job, after.state, reason=after.reason, message=after.message, now=now)
 
@@ -233,9 +235,15 @@ class Dispatcher:
             service.transition(session, job, seen.state, reason=seen.reason, message=seen.message, now=now)
 
     def _launch(self, session: Session, job: Job) -> None:
+        try:
+            spec = JobSpec.model_validate(job.spec)
+        except ValidationError as error:  # stored before a rule of today's spec: it would fail or hang
+            service.transition(session, job, JobState.FAILED, reason="SpecInvalid",
+                               message=f"the stored spec breaks today's rules: {format_validation_error(error)}",
+                               now=self.clock())
+            return
         token, token_hash = service.new_report_token()
         tenant = session.get(Tenant, job.tenant_id)
-        spec = JobSpec.model_validate(job.spec)
         resuming = job.state == JobState.RESTARTING or job.checkpoint_uri is not None  # restarted or preempted
         try:
             if job.restart_count == 0 and not resuming:

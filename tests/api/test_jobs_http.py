@@ -124,3 +124,28 @@ def test_openapi_and_health(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/jobs/{job_id}/logs"} <= set(paths)
+
+
+def test_a_spec_stored_before_todays_rules_stays_readable_and_is_failed_not_run(client):
+    """A job stored before a bound existed (a flood of labels, an eval that would never end) is read as stored, and
+    the dispatcher fails it with the reason instead of running it (or failing every pass on it)."""
+    from sqlalchemy import select
+
+    from kembed_api.jobs.models import Job
+
+    client.app.state.dispatcher.admission_paused = True  # it waits in the queue while its spec is "old"
+    job = client.post("/v1/jobs", json=make_spec("old").build()).json()
+    with client.app.state.db.session(write=True) as session:
+        stored = session.scalar(select(Job).where(Job.id == job["id"]))
+        spec = dict(stored.spec)
+        spec["labels"] = {f"k{i}": "v" for i in range(100)}
+        spec["trainer"] = {**spec["trainer"], "data": {**spec["trainer"]["data"], "eval_samples": 10**12}}
+        stored.spec = spec
+    read = client.get(f"/v1/jobs/{job['id']}")
+    assert read.status_code == 200 and len(read.json()["spec"]["labels"]) == 100
+    assert client.get("/v1/jobs").status_code == 200
+    client.app.state.dispatcher.admission_paused = False
+    client.app.state.dispatcher.wake()
+    failed = wait_for(lambda: (j := client.get(f"/v1/jobs/{job['id']}").json())["state"] == "FAILED" and j,
+                      what="the old job to be failed")
+    assert failed["reason"] == "SpecInvalid" and "labels" in failed["message"]

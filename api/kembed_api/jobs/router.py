@@ -16,7 +16,6 @@ from kembed_api.jobs.models import Job
 from kembed_api.jobs.schemas import JobCreate, JobEventRead, JobList, JobMetricRead, JobRead, ReportRecord
 from kembed_api.responses import ModelResponse
 from kembed_contract.lifecycle import JobState
-from kembed_contract.spec import JobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -139,6 +138,12 @@ def job_logs(
     return PlainTextResponse(request.app.state.backend.read_logs(job_id, tail_lines=tail))
 
 
+def job_checkpoint_uri(raw: dict) -> str | None:
+    """The stored spec's checkpoint folder (read from the stored JSON: a spec from before today's rules too)."""
+    uri = ((raw.get("trainer") or {}).get("checkpoint") or {}).get("uri")
+    return uri if isinstance(uri, str) else None
+
+
 def _job_of(session, principal, job_id: str) -> Job:
     try:
         return service.get_job(session, tenant=principal.tenant, job_id=job_id)
@@ -158,7 +163,7 @@ def job_events(job_id: str, db: Db, principal: Reader) -> list[JobEventRead]:
 def job_checkpoints(job_id: str, db: Db, principal: Reader) -> list[checkpoints.CheckpointRead]:
     with db.session() as session:
         job = _job_of(session, principal, job_id)
-    uri = JobSpec.model_validate(job.spec).trainer.checkpoint.uri
+    uri = job_checkpoint_uri(job.spec)
     return checkpoints.list_checkpoints(uri) if uri else []
 
 

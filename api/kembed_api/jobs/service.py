@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import Connection, Row, bindparam, func, insert, literal, select, tuple_, union_all, update
 from sqlalchemy.orm import Session
 
@@ -34,7 +35,7 @@ from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import quota_of
 from kembed_contract import lifecycle
 from kembed_contract.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState
-from kembed_contract.spec import JobSpec
+from kembed_contract.spec import JobSpec, read_stored
 from kembed_trainer import runtime
 
 __all__ = [
@@ -613,7 +614,7 @@ def to_read(
 ) -> JobRead:
     """The answer for a job: an ORM object, or a row of the jobs table (the same attribute names)."""
     total = job.total_steps
-    spec = spec or JobSpec.model_validate(job.spec)
+    spec = spec or read_stored(job.spec)
     return JobRead(
         id=job.id,
         name=job.name,
@@ -641,6 +642,8 @@ def to_read(
 
 
 def _estimates(spec: JobSpec) -> JobEstimates:
+    if not isinstance(spec.trainer, BaseModel):  # a spec stored before today's rules, read unchecked: no estimate
+        return JobEstimates(table_memory_bytes_per_rank=0, memory_bytes_per_rank=0)
     world_size = spec.resources.num_processes
     return JobEstimates(
         table_memory_bytes_per_rank=estimates.table_memory_bytes_per_rank(spec.trainer, world_size=world_size),
