@@ -186,12 +186,11 @@ class Dispatcher:
                 self._launch(session, job)
             return
         seen = self.backend.poll(job.id)
-        if isinstance(seen, Observed):
-            self._follow(session, job, seen, now=now)
-            return
-        if seen is None:
+        if seen is None or isinstance(seen, Observed):  # still running (in the state its backend says)
             if job.cancel_requested:
                 self.backend.stop(job.id)
+            if seen is not None:
+                self._follow(session, job, seen, now=now)
             return
         job.backend_state = {}
         checkpoint = f"; checkpoint at step {job.checkpoint_step}: {job.checkpoint_uri}" if job.checkpoint_uri else ""

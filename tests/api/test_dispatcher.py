@@ -166,6 +166,16 @@ def test_a_backend_that_restarts_gangs_itself_is_followed_and_its_restarts_count
     assert len(backend.started) == 1  # the API never relaunched what the operator restarts
 
 
+def test_a_cancel_reaches_a_backend_that_reports_its_gang_running(db, backend, dispatcher):
+    job_id = submit(db, make_spec())
+    dispatcher.run_once()
+    with db.session() as session:
+        service.request_cancel(session, tenant=ensure_tenant(session, name="default"), job_id=job_id)
+    backend.observe(job_id, JobState.RUNNING, reason="GangRunning")
+    dispatcher.run_once()
+    assert backend.stopped == [job_id]
+
+
 def test_a_preempted_job_holds_its_place_until_its_trainers_stop_then_queues_again(db, backend, dispatcher):
     job_id = submit(db, make_spec())
     dispatcher.run_once()
