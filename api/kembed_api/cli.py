@@ -176,6 +176,60 @@ def jobs(
     console.print(table)
 
 
+_EXPORT_SUFFIXES = {"parquet": ".parquet", "word2vec-text": ".txt", "word2vec-binary": ".bin", "numpy": ".npy"}
+
+
+@app.command()
+def export(
+    job_id: str,
+    format: Annotated[str, typer.Option("--format", "-f", help="parquet, word2vec-text, word2vec-binary or numpy.")]  # noqa: A002
+    = "parquet",
+    table: Annotated[str | None, typer.Option(help="Default: word2vec's center table, else the first.")] = None,
+    step: Annotated[int | None, typer.Option(help="A complete checkpoint's step; default the latest.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Default: <job>-<table>-step-N.<ext>.")]
+    = None,
+    server: ServerOption = "http://127.0.0.1:8080",
+) -> None:
+    """Download a job's embeddings from a complete checkpoint (any state, as soon as one is saved)."""
+    if format not in _EXPORT_SUFFIXES:
+        _fail(ValueError(f"--format: one of {', '.join(_EXPORT_SUFFIXES)}"))
+    # Downloaded beside the target under a hidden name, renamed once whole: no half file under the real name.
+    partial = (output.parent if output else Path()) / f".{job_id}.export.partial"
+    columns = (TextColumn("[bold]export"), BarColumn(), TextColumn("{task.fields[mb]}"), TimeElapsedColumn())
+    try:
+        with _client(server) as client, open(partial, "wb") as out, Progress(*columns, console=console) as bar:
+            task = bar.add_task(job_id, total=None, mb="")
+
+            def progress(received: int, total: int) -> None:
+                bar.update(task, completed=received, total=total or None,
+                           mb=f"{received / 2**20:,.1f}/{total / 2**20:,.1f} MiB")
+
+            sent = client.export(job_id, out, fmt=format, table=table, step=step, on_progress=progress)
+    except ApiError as error:
+        partial.unlink(missing_ok=True)
+        _fail(error)
+    target = output or Path(sent["filename"] or f"{job_id}{_EXPORT_SUFFIXES[format]}")
+    partial.replace(target)
+    console.print(f"wrote {target} (table {sent['table']}, checkpoint step {sent['step']}, "
+                  f"{target.stat().st_size:,} bytes)")
+
+
+@app.command()
+def neighbours(
+    job_id: str,
+    word: str,
+    k: Annotated[int, typer.Option("-k", help="How many.")] = 10,
+    table: Annotated[str | None, typer.Option(help="Default: word2vec's center table, else the first.")] = None,
+    server: ServerOption = "http://127.0.0.1:8080",
+) -> None:
+    """The nearest words (or ids) to WORD by cosine similarity, from the job's latest checkpoint."""
+    found = _request(server, lambda client: client.neighbours(job_id, word, k=k, table=table))
+    result = Table("KEY", "COSINE", title=f"{word!r} in {found['table']} (checkpoint step {found['checkpoint_step']})")
+    for neighbour in found["neighbours"]:
+        result.add_row(neighbour["key"], f"{neighbour['similarity']:.4f}")
+    console.print(result)
+
+
 def _fmt(value: Any) -> str:
     return f"{value:.4f}" if isinstance(value, int | float) else "-"
 
@@ -194,6 +248,8 @@ def status(job_id: str, server: ServerOption = "http://127.0.0.1:8080") -> None:
                                                 for k, v in job["metrics"].items()))
     if job["result"]:
         console.print("result     " + ", ".join(f"{k}={_fmt(v)}" for k, v in job["result"].items()))
+    if job.get("dataset"):
+        console.print("dataset    " + ", ".join(f"{k}={v:,}" for k, v in job["dataset"].items()))
     console.print(f"checkpoint {job['checkpoint'] or '-'}")
     events = Table("TIME", "STATE", "REASON", "MESSAGE", title="events")
     for event in job["events"]:

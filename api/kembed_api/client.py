@@ -76,6 +76,37 @@ class Client:
     def logs(self, job_id: str, *, tail: int | None = None) -> str:
         return self._call("GET", f"/v1/jobs/{job_id}/logs", params={"tail": tail} if tail else {}).text
 
+    def export(self, job_id: str, out: Any, *, fmt: str, table: str | None = None, step: int | None = None,
+               on_progress: Any = None) -> dict[str, str]:
+        """Stream a job's embeddings into the binary file `out`; `on_progress(received, total)` per chunk.
+
+        Returns the server's file name, checkpoint step and table.
+        """
+        params = {"format": fmt, **({"table": table} if table else {}), **({"step": step} if step is not None else {})}
+        with self._http.stream("GET", f"/v1/jobs/{job_id}/export", params=params, timeout=None) as response:
+            if response.status_code >= 400:
+                response.read()
+                try:
+                    detail = response.json().get("detail", response.text)
+                except ValueError:
+                    detail = response.text
+                raise ApiError(response.status_code, detail)
+            total = int(response.headers.get("content-length") or 0)
+            received = 0
+            for block in response.iter_bytes():
+                out.write(block)
+                received += len(block)
+                if on_progress:
+                    on_progress(received, total)
+            disposition = response.headers.get("content-disposition", "")
+            filename = disposition.split("filename=", 1)[-1].strip('"') if "filename=" in disposition else ""
+            return {"filename": filename, "step": response.headers.get("x-kembed-checkpoint-step", ""),
+                    "table": response.headers.get("x-kembed-table", "")}
+
+    def neighbours(self, job_id: str, word: str, *, k: int = 10, table: str | None = None) -> dict[str, Any]:
+        params = {"word": word, "k": k, **({"table": table} if table else {})}
+        return self._call("GET", f"/v1/jobs/{job_id}/neighbours", params=params).json()
+
     # ------------------------------------------------------------------------------------------- tenants
     def create_tenant(self, name: str, quota: dict[str, Any], sharing: dict[str, Any] | None = None) -> dict[str, Any]:
         body = {"name": name, "quota": quota, **({"sharing": sharing} if sharing is not None else {})}

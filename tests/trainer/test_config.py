@@ -14,7 +14,7 @@ from tests.trainer.conftest import EXAMPLES, REPO, tiny_config, write_config
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 def test_shipped_examples_validate(example):
     cfg = config.load_config(str(EXAMPLES / example))
-    assert cfg.training.steps > 0
+    assert (cfg.training.steps or cfg.training.epochs) > 0
 
 
 @pytest.mark.parametrize(
@@ -63,6 +63,17 @@ def test_shipped_examples_validate(example):
             {"embeddings": {"shard_threshold_rows": 0}},
             "embeddings.shard_threshold_rows: Input should be greater than 0",
             id="shard-threshold",
+        ),
+        pytest.param(
+            {"training": {"steps": 5, "epochs": 2}}, "training: set exactly one of steps and epochs", id="both"
+        ),
+        pytest.param(
+            {"training": {"steps": None}}, "training: set exactly one of steps and epochs", id="neither"
+        ),
+        pytest.param(
+            {"training": {"steps": None, "epochs": 2}},
+            "training.epochs: synthetic data is endless, set training.steps instead",
+            id="epochs-of-synthetic",
         ),
         pytest.param(
             {"model": {"kind": "dlrm", "bottom_mlp": [16, 4]}},

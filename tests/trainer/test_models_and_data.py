@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -10,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from kembed_trainer import config, embedding
+from kembed_trainer import config, embedding, exit_codes
 from kembed_trainer.data.batch import Batch
 from kembed_trainer.data.synthetic import SyntheticData
 from tests.trainer.conftest import run_trainer, tiny_config, write_config
@@ -122,15 +123,43 @@ def test_files_on_s3_with_a_separate_eval_file(tmp_path, ckpt_uri, s3_server):
     code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg), **s3_server.env)
     assert code == 0, stderr
     assert recs[-1]["eval"]["auc"] > 0.75
+    # With an eval file, eval_fraction (0.1 by default) holds out none of the training rows.
+    assert recs[0]["dataset"] == {"train_rows": 8000, "eval_rows": 2000}
 
 
-def test_integer_ids_out_of_range_fail_naming_the_feature(tmp_path, ckpt_uri):
+@pytest.mark.parametrize("nproc", [pytest.param(1, id="1-rank"), pytest.param(2, id="2-ranks")])
+def test_epochs_become_steps_over_every_training_row(tmp_path, ckpt_uri, nproc):
+    pq.write_table(synthetic_rows(5000), tmp_path / "rows.parquet")
+    cfg = table_config(str(tmp_path / "rows.parquet"), ckpt_uri, eval_fraction=0.2)
+    cfg["training"] = {**cfg["training"], "steps": None, "epochs": 3, "batch_size": 100}
+    code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg), nproc=nproc)
+    assert code == 0, stderr
+    started, done = recs[0], recs[-1]
+    train_rows, eval_rows = started["dataset"]["train_rows"], started["dataset"]["eval_rows"]
+    assert train_rows + eval_rows == 5000 and 800 < eval_rows < 1200  # the held-out rows are not trained on
+    # An epoch: each rank passes over its own rows once, in whole batches (the larger shard decides).
+    per_epoch, rest = divmod(started["total_steps"], 3)
+    assert rest == 0
+    if nproc == 1:
+        assert per_epoch == train_rows // 100
+    else:
+        assert abs(per_epoch - train_rows / nproc / 100) <= 1
+    assert done["step"] == started["total_steps"]
+
+
+@pytest.mark.parametrize("nproc", [pytest.param(1, id="1-rank"), pytest.param(2, id="2-ranks-launcher")])
+def test_integer_ids_out_of_range_are_bad_input_with_the_reason_in_the_termination_log(tmp_path, ckpt_uri, nproc):
     pq.write_table(synthetic_rows(1000), tmp_path / "rows.parquet")
     cfg = table_config(str(tmp_path / "rows.parquet"), ckpt_uri)
     cfg["embeddings"]["tables"][2]["num_embeddings"] = 100  # item ids go up to 999
-    code, _, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg))
-    assert code != 0
-    assert "feature 'item': id" in stderr and "hash_ids" in stderr
+    termination_log = tmp_path / "termination-log"
+    code, _, stderr = run_trainer(
+        write_config(tmp_path / "c.yaml", cfg), nproc=nproc, **{exit_codes.TERMINATION_LOG_ENV: str(termination_log)}
+    )
+    assert code == exit_codes.EXIT_BAD_INPUT, stderr  # under the launcher too: the rank's code, not torchrun's 1
+    reason = termination_log.read_text()
+    assert re.fullmatch(r"data error: feature 'item': ids \d+\.\.\d+ outside \[0, 100\); set hash_ids on its table.*", reason)
+    assert "set hash_ids on its table" in reason and "\n" not in reason.strip()
 
 
 def write_corpus(path: pathlib.Path) -> None:
@@ -174,6 +203,29 @@ def test_word2vec_tells_true_context_from_noise(tmp_path, ckpt_uri, tokenizer):
     code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg))
     assert code == 0, stderr
     assert recs[-1]["eval"]["auc"] > 0.7
+    text = (tmp_path / "corpus.txt").read_text(encoding="utf-8")
+    # Characters: every distinct one; words: more distinct tokens than rows, so the tables' size caps it.
+    assert recs[0]["dataset"]["vocab_size"] == (len(set(text) - set(" \n")) if tokenizer == "chars" else 200)
+
+
+def test_word2vec_epochs_count_each_kept_token_as_a_center_once(tmp_path, ckpt_uri):
+    write_corpus(tmp_path / "corpus.txt")
+    cfg = tiny_config(
+        model={"kind": "word2vec"},
+        embeddings={"tables": [
+            {"name": "words_in", "num_embeddings": 200, "embedding_dim": 8, "features": ["center"]},
+            {"name": "words_out", "num_embeddings": 200, "embedding_dim": 8, "features": ["context"]},
+        ]},
+        data={"kind": "text", "uri": str(tmp_path / "corpus.txt"), "window": 2, "negatives": 3, "subsample": 0},
+        training={"steps": None, "epochs": 2, "batch_size": 400, "log_every": 100},
+    )
+    code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg))
+    assert code == 0, stderr
+    dataset = recs[0]["dataset"]
+    # No subsampling: every training token is a center once per epoch, with window + 1 contexts on average.
+    pairs_per_step = 400 // (1 + 3)
+    assert recs[0]["total_steps"] == 2 * -(-dataset["train_tokens"] * 3 // pairs_per_step)
+    assert dataset["train_sentences"] + dataset["eval_sentences"] <= 3000
 
 
 def one_feature_collection(**table) -> embedding.EmbeddingCollection:

@@ -69,8 +69,12 @@ class Checkpointer:
         marker = runtime.CHECKPOINT_MARKER
         return [s for s in self._listed_steps() if self.fs.exists(f"{self.root}/{runtime.step_dir(s)}/{marker}")]
 
-    def save(self, step: int, state: dict[str, Any]) -> None:
-        """Start saving `state` as step `step`; `poll` or `wait` tell when it landed. Collective."""
+    def save(self, step: int, state: dict[str, Any], files: dict[str, bytes] | None = None) -> None:
+        """Start saving `state` as step `step`; `poll` or `wait` tell when it landed. Collective.
+
+        `files` (name in the step folder -> bytes) are this rank's small side files, such as what each table
+        row stands for (`row_index`); they land before the COMPLETE marker, so a complete checkpoint has them.
+        """
         start = time.perf_counter()
         self._landed += self._finish()  # one save at a time
         path = f"{self.root}/{runtime.step_dir(step)}"
@@ -79,7 +83,7 @@ class Checkpointer:
         _barrier()
         staged = _copy(state)
         blocked = time.perf_counter() - start
-        self._inflight = self._executor.submit(self._write, step, staged, start, blocked)
+        self._inflight = self._executor.submit(self._write, step, staged, dict(files or {}), start, blocked)
 
     def poll(self) -> list[SavedCheckpoint]:
         """The saves that landed since the last call (never blocks)."""
@@ -103,8 +107,13 @@ class Checkpointer:
         inflight, self._inflight = self._inflight, None
         return [inflight.result()]  # a failed save raises here, in the training thread
 
-    def _write(self, step: int, staged: dict[str, Any], start: float, blocked: float) -> SavedCheckpoint:
+    def _write(
+        self, step: int, staged: dict[str, Any], files: dict[str, bytes], start: float, blocked: float
+    ) -> SavedCheckpoint:
         path = f"{self.root}/{runtime.step_dir(step)}"
+        for name, content in files.items():  # before DCP's collective save, so before rank 0's marker
+            self.fs.makedirs(f"{path}/{name}".rsplit("/", 1)[0], exist_ok=True)
+            self.fs.pipe_file(f"{path}/{name}", content)
         with warnings.catch_warnings():  # a single process without a process group is intended
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.save(

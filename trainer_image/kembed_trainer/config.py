@@ -95,6 +95,7 @@ LearningRate = _float(gt=0, le=1000)
 MAX_HOTNESS = 4096  # ids per feature per sample
 MAX_EVAL_SAMPLES = 100_000_000  # an eval's scores and labels are gathered on every rank
 MAX_BATCH = 2**22  # samples per rank per step (4M); memory is checked separately
+MAX_EPOCHS = 100_000  # passes over the training data
 
 
 class _Strict(BaseModel):
@@ -319,7 +320,14 @@ class TrainingConfig(_Strict):
         description="bf16: the dense model runs under autocast in bfloat16 (weights, optimizer and embedding "
         "tables stay float32); faster on GPUs and CPUs with bf16 units, slightly less precise.",
     )
-    steps: PositiveInt = Field(description="Total optimizer steps (a resumed run continues up to this).")
+    steps: PositiveInt | None = Field(
+        None, description="Total optimizer steps (a resumed run continues up to this); exactly one of steps, epochs."
+    )
+    epochs: _int(1, MAX_EPOCHS) | None = Field(
+        None,
+        description="Passes over the training data (table or text data), turned into steps once the data is "
+        "read (see docs/trainer.md); exactly one of steps, epochs.",
+    )
     batch_size: _int(1, MAX_BATCH) = Field(description="Samples per rank per step.")
     seed: _int(-(2**63), 2**63 - 1) = 0
     log_every: PositiveInt = Field(10, description="Steps between `progress` records.")
@@ -329,6 +337,12 @@ class TrainingConfig(_Strict):
     threads: _int(0, 1024) = Field(
         0, description="torch intra-op threads per rank; 0 = CPU cores / local ranks."
     )
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainingConfig:
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError("set exactly one of steps and epochs")
+        return self
 
 
 class CheckpointConfig(_Strict):
@@ -441,6 +455,8 @@ class TrainerConfig(_Strict):
                 )
             if len({t.embedding_dim for t in self.embeddings.tables}) != 1:
                 raise ValueError("two_tower: all tables need the same embedding_dim")
+        if self.training.epochs is not None and self.data.kind == "synthetic":
+            raise ValueError("training.epochs: synthetic data is endless, set training.steps instead")
         if (self.model.kind == "word2vec") != (self.data.kind == "text"):
             raise ValueError("word2vec trains on data.kind 'text', and text data is only for word2vec")
         if self.model.kind == "word2vec":

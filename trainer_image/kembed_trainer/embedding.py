@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor, Shard
 from kembed_trainer import config, hugepages, pooling, sharding, sparse_optim
 from kembed_trainer.data.batch import Batch
 
-__all__ = ["EmbeddingCollection"]
+__all__ = ["EmbeddingCollection", "hash_rows"]
 
 
 class _Group:
@@ -120,7 +120,7 @@ class _Group:
         for f, feature_ids in enumerate(ids):
             size = int(self.feature_sizes[f])
             if self.feature_hashed[f]:
-                feature_ids = torch.remainder(_mix(feature_ids), size)
+                feature_ids = hash_rows(feature_ids, size)
             elif feature_ids.numel() and (int(feature_ids.min()) < 0 or int(feature_ids.max()) >= size):
                 raise ValueError(
                     f"feature {self.feature_names[f]!r}: ids {int(feature_ids.min())}..{int(feature_ids.max())} outside [0, {size}); "
@@ -365,6 +365,11 @@ def _seeded_uniform(out: torch.Tensor, first_row: int, bound: float, *, seed: in
         hi = min(end, (block + 1) * _INIT_BLOCK)
         out[row - first_row : hi - first_row] = values[row - block * _INIT_BLOCK : hi - block * _INIT_BLOCK]
         row = hi
+
+
+def hash_rows(ids: torch.Tensor, num_embeddings: int) -> torch.Tensor:
+    """The rows of a hashed table that int64 ids land in."""
+    return torch.remainder(_mix(ids), num_embeddings)
 
 
 def _mix(ids: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from kembed_trainer import (
     metrics,
     models,
     report,
+    row_index,
     runtime,
     sparse_optim,
     sparsity,
@@ -46,6 +47,9 @@ class Trainer:
         )
         self.task = models.build_task(cfg)
         self.data = data.build_data(cfg, rank=env.rank, world_size=env.world_size, ratings=self.task.ratings)
+        self.total_steps, self.dataset = self._size_up_data()
+        # What each row stands for (vocabulary, hashed ids), saved with every checkpoint (row_index.py).
+        self._row_files = row_index.checkpoint_files(cfg, self.data, rank=env.rank) if cfg.checkpoint.uri else {}
         dense = models.build_dense_model(cfg).to(env.device)
         self.masks = sparsity.Masks(cfg.sparsity, dense, seed=cfg.training.seed)
         has_params = any(True for _ in dense.parameters())  # word2vec has none: nothing for DDP to do
@@ -85,7 +89,7 @@ class Trainer:
         signal.signal(signal.SIGTERM, _weakly(self._request_stop))
         resumed_from = self.restore()
         malloc.trim()  # the checkpoint's read buffers
-        total = self.cfg.training.steps
+        total = self.total_steps
         self.reporter.emit(
             runtime.EVENT_STARTED,
             self.step,
@@ -93,6 +97,7 @@ class Trainer:
             world_size=self.env.world_size,
             resumed_from=resumed_from,
             embedding_mb=round(self.embeddings.num_bytes / 2**20, 3),
+            dataset=self.dataset,
         )
         window = _Window()
         while self.step < total:
@@ -217,7 +222,7 @@ class Trainer:
         if self.checkpointer is None:
             return
         if self._saved_step != self.step:
-            self.checkpointer.save(self.step, self.state_dict())
+            self.checkpointer.save(self.step, self.state_dict(), self._row_files)
             self._saved_step = self.step
         if wait:
             self._report_saves(wait=True)
@@ -237,6 +242,24 @@ class Trainer:
             )
 
     # ------------------------------------------------------------------------------------------- helpers
+    def _size_up_data(self) -> tuple[int, dict[str, int]]:
+        """(total steps, the data set's size): `epochs` become steps here, the same on every rank (the
+        largest shard's steps per epoch), and each rank's counts are summed."""
+        counts = self.data.counts()
+        per_epoch = self.data.steps_per_epoch if self.cfg.training.epochs is not None else 0
+        summed = torch.tensor([*counts.values(), per_epoch], dtype=torch.float64, device=self.env.device)
+        if self.env.distributed:
+            per_epoch_max = summed[-1:].clone()
+            dist.all_reduce(summed)
+            dist.all_reduce(per_epoch_max, op=dist.ReduceOp.MAX)
+            summed[-1] = per_epoch_max[0]
+        dataset = {k: int(v) for k, v in zip(counts, summed.tolist(), strict=False)}
+        if (vocab := getattr(self.data, "vocab", None)) is not None:
+            dataset["vocab_size"] = len(vocab)
+        epochs = self.cfg.training.epochs
+        total = self.cfg.training.steps if epochs is None else int(summed[-1]) * epochs
+        return total, dataset
+
     def _autocast(self) -> torch.autocast:
         bf16 = self.cfg.training.mixed_precision == "bf16"
         return torch.autocast(self.env.device.type, dtype=torch.bfloat16, enabled=bf16)

@@ -54,6 +54,8 @@ class Job(Base):
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     checkpoint_uri: Mapped[str | None] = mapped_column(Text, default=None)
     checkpoint_step: Mapped[int | None] = mapped_column(Integer, default=None)
+    # The training data's size as the trainer read it (rows, sentences, tokens, vocabulary); null until it starts.
+    dataset: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
     # What the backend needs to find the job's processes or resources again after a restart.
     backend_state: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

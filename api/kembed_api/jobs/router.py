@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import os
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import FileResponse, PlainTextResponse
 from sqlalchemy import select
+from starlette.background import BackgroundTask
 
 from kembed_api import checkpoints, errors
 from kembed_api.deps import Db, QueueForecasts, Reader, Submitter
-from kembed_api.jobs import service
+from kembed_api.jobs import exports, service
 from kembed_api.jobs.forecasts import Forecasts
 from kembed_api.jobs.models import Job
-from kembed_api.jobs.schemas import JobCreate, JobEventRead, JobList, JobMetricRead, JobRead, ReportRecord
+from kembed_api.jobs.schemas import (
+    JobCreate,
+    JobEventRead,
+    JobList,
+    JobMetricRead,
+    JobRead,
+    Neighbour,
+    NeighboursRead,
+    ReportRecord,
+)
 from kembed_api.responses import ModelResponse
 from kembed_contract.lifecycle import JobState
 
@@ -165,6 +176,73 @@ def job_checkpoints(job_id: str, db: Db, principal: Reader) -> list[checkpoints.
         job = _job_of(session, principal, job_id)
     uri = job_checkpoint_uri(job.spec)
     return checkpoints.list_checkpoints(uri) if uri else []
+
+
+_EXPORT_ERRORS = {
+    409: {"description": "The job has no complete checkpoint yet (or none at `step`), or it predates row indexes."},
+    422: {"description": "A parameter is wrong (an unknown table, a word not in the vocabulary); `detail` says which."},
+    501: {"description": "This server cannot read checkpoints (no torch); export where the trainer runs."},
+}
+
+
+def _export_failure(error: Exception) -> HTTPException:
+    if isinstance(error, exports.NoCheckpoint):
+        return HTTPException(status.HTTP_409_CONFLICT, detail=str(error))
+    if isinstance(error, exports.ExportUnavailable):
+        return HTTPException(status.HTTP_501_NOT_IMPLEMENTED, detail=str(error))
+    message = str(error)
+    if "predates" in message or "was written before" in message:
+        return HTTPException(status.HTTP_409_CONFLICT, detail=message)
+    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=message)
+
+
+@router.get(
+    "/{job_id}/export",
+    response_class=FileResponse,
+    responses={**_READS, **_EXPORT_ERRORS,
+               200: {"content": {"application/octet-stream": {}},
+                     "description": "The file, with Content-Length and a file name (Content-Disposition)."}},
+    summary="A job's embeddings as a file (Parquet, word2vec text or binary, NumPy)",
+)
+def export_job(
+    job_id: str,
+    db: Db,
+    principal: Reader,
+    format: Annotated[Literal[exports.FORMATS], Query(description="parquet, word2vec-text, word2vec-binary or numpy.")],  # noqa: A002
+    table: Annotated[str | None, Query(max_length=200, description="Default: word2vec's center table, else the first.")] = None,
+    step: Annotated[int | None, Query(ge=0, description="A complete checkpoint's step; default the latest.")] = None,
+) -> FileResponse:
+    with db.session() as session:
+        job = _job_of(session, principal, job_id)
+    try:
+        made = exports.export_file(JobSpec.model_validate(job.spec), job_id=job_id, fmt=format, table=table,
+                                   step=step)
+    except (exports.NoCheckpoint, exports.ExportUnavailable, ValueError) as error:
+        raise _export_failure(error) from error
+    return FileResponse(made.path, filename=made.filename, media_type="application/octet-stream",
+                        headers={"X-Kembed-Checkpoint-Step": str(made.step), "X-Kembed-Table": made.table},
+                        background=BackgroundTask(os.unlink, made.path))
+
+
+@router.get("/{job_id}/neighbours", response_model=NeighboursRead,
+            responses={**_READS, **_EXPORT_ERRORS},
+            summary="Nearest neighbours (cosine) of a word or id, from the latest checkpoint")
+def job_neighbours(
+    job_id: str,
+    db: Db,
+    principal: Reader,
+    word: Annotated[str, Query(min_length=1, max_length=1000, description="A word (word2vec) or an id.")],
+    k: Annotated[int, Query(ge=1, le=1000)] = 10,
+    table: Annotated[str | None, Query(max_length=200)] = None,
+) -> NeighboursRead:
+    with db.session() as session:
+        job = _job_of(session, principal, job_id)
+    try:
+        step, name, found = exports.nearest(JobSpec.model_validate(job.spec), word=word, k=k, table=table)
+    except (exports.NoCheckpoint, exports.ExportUnavailable, ValueError) as error:
+        raise _export_failure(error) from error
+    return NeighboursRead(job=job_id, checkpoint_step=step, table=name, word=word,
+                          neighbours=[Neighbour(key=key, similarity=sim) for key, sim in found])
 
 
 @router.get("/{job_id}/metrics", response_model=list[JobMetricRead], responses=_READS,

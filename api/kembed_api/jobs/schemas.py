@@ -11,7 +11,8 @@ from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec
 from kembed_trainer.config import NumbersOnly
 
-__all__ = ["JobCreate", "JobEstimates", "JobEventRead", "JobList", "JobMetricRead", "JobRead", "Progress", "ReportRecord"]
+__all__ = ["JobCreate", "JobEstimates", "JobEventRead", "JobList", "JobMetricRead", "JobRead", "Neighbour",
+           "NeighboursRead", "Progress", "ReportRecord"]
 
 JobCreate = JobSpec
 
@@ -73,6 +74,11 @@ class JobRead(BaseModel):
     progress: Progress
     metrics: dict[str, Any] = Field(description="The latest progress and eval values the trainer reported.")
     result: dict[str, Any] | None = Field(description="Final eval metrics, once the job succeeded.")
+    dataset: dict[str, int] | None = Field(
+        None,
+        description="The training data's size as the trainer read it (null until it started): `train_rows`, "
+        "`eval_rows` (table data); `train_sentences`, `train_tokens`, `eval_sentences`, `vocab_size` (text).",
+    )
     checkpoint: str | None = Field(description="URI of the latest complete checkpoint.")
     checkpoint_step: int | None
     queue_position: int | None = Field(None, description="1 = next to be admitted (QUEUED jobs only).")
@@ -109,3 +115,16 @@ class ReportRecord(BaseModel):
     seq: Annotated[int, NumbersOnly] | None = Field(None, ge=1, le=2**62,
                             description="The record's number within its run, from 1: a record of a run is applied "
                             "once, and never after a later one of the same run.")
+
+
+class Neighbour(BaseModel):
+    key: str = Field(description="The word, or the id (as text).")
+    similarity: float = Field(description="Cosine similarity to the query, -1..1.")
+
+
+class NeighboursRead(BaseModel):
+    job: str
+    checkpoint_step: int = Field(description="The complete checkpoint the vectors come from (the latest).")
+    table: str
+    word: str
+    neighbours: list[Neighbour] = Field(description="Nearest first; the query itself left out.")

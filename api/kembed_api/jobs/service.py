@@ -430,9 +430,9 @@ def _new_job(spec: JobSpec, *, tenant: Row, checkpoint_root: str, now: datetime,
         idempotency_key=idempotency_key, spec_hash=spec_hash, state=JobState.QUEUED, reason="Submitted",
         message="waiting for admission",
         cancel_requested=False, restart_count=0, created_at=now, admitted_at=None, started_at=None,
-        finished_at=None, step=0, total_steps=spec.trainer.training.steps, metrics={},
-        checkpoint_uri=None, checkpoint_step=None, backend_state={}, report_token_hash=None, report_run=None,
-        report_seq=None,
+        finished_at=None, step=0, total_steps=spec.trainer.training.steps or 0, metrics={},
+        checkpoint_uri=None, checkpoint_step=None, dataset=None, backend_state={}, report_token_hash=None,
+        report_run=None, report_seq=None,
     ), spec=spec)
 
 
@@ -631,6 +631,7 @@ def to_read(
         progress=Progress(step=job.step, total_steps=total, fraction=min(1.0, job.step / total) if total else 0.0),
         metrics=job.metrics,
         result=job.result,
+        dataset=job.dataset,
         checkpoint=job.checkpoint_uri,
         checkpoint_step=job.checkpoint_step,
         queue_position=queue[0] if queue else None,
@@ -724,6 +725,8 @@ def apply_report(session: Session, *, job: Job, record: ReportRecord, now: datet
     job.step = max(job.step, record.step) if record.event != runtime.EVENT_STARTED else record.step
     if record.model_extra and isinstance(record.model_extra.get("total_steps"), int):
         job.total_steps = record.model_extra["total_steps"]
+    if record.event == runtime.EVENT_STARTED and isinstance(values.get("dataset"), dict):
+        job.dataset = {k: v for k, v in values["dataset"].items() if isinstance(v, int)}
     if record.event == runtime.EVENT_PROGRESS:
         job.metrics = {**job.metrics, **values}
     elif record.event == runtime.EVENT_EVAL:

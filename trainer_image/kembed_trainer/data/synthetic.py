@@ -80,6 +80,11 @@ class SyntheticData:
         total_var = self.feature_weight.pow(2).sum() + self.dense_weight.pow(2).sum() + 1.0
         self.scale = cfg.signal * 2.0 / total_var.sqrt().item()
 
+    def counts(self) -> dict[str, int]:
+        """Synthetic data is endless; its eval set (every rank generates its share) has a size."""
+        return {"eval_rows": sum(min(_EVAL_CHUNK, self.cfg.eval_samples - i * _EVAL_CHUNK)
+                                 for i in range(self.rank, -(-self.cfg.eval_samples // _EVAL_CHUNK), self.world_size))}
+
     def train_batch(self, step: int) -> Batch:
         return self._batch(self.batch_size, _generator(self.seed, _TRAIN, self.rank, step))
 

@@ -54,17 +54,17 @@ def _read(uri: str, fmt: str) -> pa.Table:
         return pa_csv.read_csv(f, parse_options=pa_csv.ParseOptions(delimiter=delimiter))
 
 
-def _hash_strings(values: pa.Array) -> np.ndarray:
-    """Stable 63-bit hashes (the same on every rank and every run, unlike Python's hash())."""
+def hash_string(value: str) -> int:
+    """A stable 63-bit hash (the same on every rank and every run, unlike Python's hash())."""
+    return int.from_bytes(hashlib.blake2b(value.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def _hash_strings(values: pa.Array) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """(each value's hash, the distinct values, their hashes)."""
     encoded = pc.dictionary_encode(values)
-    hashed = np.array(
-        [
-            int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=8).digest(), "little") >> 1
-            for v in encoded.dictionary.to_pylist()
-        ],
-        dtype=np.int64,
-    )
-    return hashed[encoded.indices.to_numpy(zero_copy_only=False)]
+    distinct = [str(v) for v in encoded.dictionary.to_pylist()]
+    hashed = np.array([hash_string(v) for v in distinct], dtype=np.int64)
+    return hashed[encoded.indices.to_numpy(zero_copy_only=False)], distinct, hashed
 
 
 class _Rows:
@@ -84,6 +84,9 @@ class _Rows:
             else np.zeros((table.num_rows, 0), np.float32)
         )
         self.offsets, self.values = [], []
+        # Hashed features: their distinct raw ids (as text) and the int64 each hashes from, for the checkpoint's
+        # record of which raw id landed in which row.
+        self.raw_ids: dict[str, tuple[list[str], np.ndarray]] = {}
         for feature in features:
             col = column(cfg.sparse[feature]).combine_chunks()
             if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
@@ -101,11 +104,13 @@ class _Rows:
             if pa.types.is_integer(flat.type) and feature not in hashed:
                 ids = flat.to_numpy(zero_copy_only=False).astype(np.int64)
             elif feature in hashed:
-                ids = (
-                    flat.to_numpy(zero_copy_only=False).astype(np.int64)
-                    if pa.types.is_integer(flat.type)
-                    else _hash_strings(flat)
-                )
+                if pa.types.is_integer(flat.type):
+                    ids = flat.to_numpy(zero_copy_only=False).astype(np.int64)
+                    distinct_ints = np.unique(ids)
+                    self.raw_ids[feature] = ([str(i) for i in distinct_ints.tolist()], distinct_ints)
+                else:
+                    ids, distinct, distinct_hashes = _hash_strings(flat)
+                    self.raw_ids[feature] = (distinct, distinct_hashes)
             else:
                 raise ValueError(
                     f"data.sparse.{feature}: column {cfg.sparse[feature]!r} holds {flat.type}, not integer ids; "
@@ -140,7 +145,8 @@ class TableData:
         self.seed, self.batch_size, self.rank = seed, batch_size, rank
         features = [f for t in sorted(tables, key=lambda t: t.embedding_dim) for f in t.features]
         hashed = {f for t in tables if t.hash_ids for f in t.features}
-        train, held_out = self._shard(cfg.uri, cfg, rank, world_size)
+        # With an eval file every row of the training files trains; eval_fraction applies only without one.
+        train, held_out = self._shard(cfg.uri, cfg, rank, world_size, split=not cfg.eval_uri)
         if cfg.eval_uri:
             held_out = self._shard(cfg.eval_uri, cfg, rank, world_size, split=False)[0]
         if train.num_rows == 0:
@@ -164,8 +170,23 @@ class TableData:
         is_eval = _unit_hash(pos) < cfg.eval_fraction
         return table.filter(pa.array(~is_eval)), table.filter(pa.array(is_eval))
 
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps of one pass over this rank's rows (the last partial batch is left out, a different one each
+        epoch, as every epoch shuffles anew)."""
+        return max(1, self.train.num_rows // self.batch_size)
+
+    def raw_ids(self) -> dict[str, tuple[list[str], np.ndarray]]:
+        """Per hashed feature: the distinct raw ids of this rank's training rows (as text) and the int64s they
+        hash from (integer ids are their own)."""
+        return self.train.raw_ids
+
+    def counts(self) -> dict[str, int]:
+        """This rank's share of the data set's size (summed over ranks for the report)."""
+        return {"train_rows": self.train.num_rows, "eval_rows": self.eval.num_rows}
+
     def train_batch(self, step: int) -> Batch:
-        per_epoch = max(1, self.train.num_rows // self.batch_size)
+        per_epoch = self.steps_per_epoch
         epoch, i = divmod(step, per_epoch)
         if self._perm is None or self._perm[0] != epoch:
             gen = _generator(self.seed, 3, self.rank, epoch)

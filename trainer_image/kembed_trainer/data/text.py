@@ -108,6 +108,15 @@ class TextData:
         first, last = np.searchsorted(self.sentence_starts, [lo, hi])
         return int(first), int(last)
 
+    def counts(self) -> dict[str, int]:
+        """This rank's share of the corpus's size (summed over ranks for the report; every rank holds the
+        whole eval set, rank 0 counts it)."""
+        return {
+            "train_sentences": len(self.train.offsets) - 1,
+            "train_tokens": int(self.train.tokens.numel()),
+            "eval_sentences": len(self.eval.offsets) - 1 if self.rank == 0 else 0,
+        }
+
     def eval_batches(self):
         if self.eval.tokens.numel() == 0:
             return

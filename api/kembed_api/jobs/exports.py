@@ -1,0 +1,91 @@
+"""A job's embeddings as a file, and nearest neighbours, from one of its complete checkpoints.
+
+The checkpoint is found under the folder the job's spec names (never a URI a trainer reported), so a tenant reads
+only its own job's checkpoints. Reading DCP needs torch: the embedded default has it; a platform image without
+it answers that export needs the trainer's dependencies (`ExportUnavailable`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+
+from kembed_api import checkpoints
+from kembed_api.spec import JobSpec
+
+__all__ = ["Export", "ExportUnavailable", "NoCheckpoint", "export_file", "find_checkpoint", "nearest"]
+
+FORMATS = ("parquet", "word2vec-text", "word2vec-binary", "numpy")
+
+
+class NoCheckpoint(LookupError):
+    """The job has no complete checkpoint (yet), or not the step asked for."""
+
+
+class ExportUnavailable(RuntimeError):
+    """This server lacks torch, which reading a checkpoint needs."""
+
+
+@dataclass(frozen=True)
+class Export:
+    path: str  # a temporary file: the caller deletes it once sent
+    filename: str
+    step: int
+    table: str
+
+
+def find_checkpoint(spec: JobSpec, step: int | None = None) -> checkpoints.CheckpointRead:
+    uri = spec.trainer.checkpoint.uri
+    found = checkpoints.list_checkpoints(uri) if uri else []
+    if step is not None:
+        found = [c for c in found if c.step == step]
+    if not found:
+        raise NoCheckpoint("the job has no complete checkpoint yet" if step is None
+                           else f"step: the job has no complete checkpoint at step {step}")
+    return found[-1]
+
+
+def _exporter():
+    try:
+        from kembed_trainer import export
+    except ImportError as error:  # the platform image ships the trainer's config, not torch
+        raise ExportUnavailable("export reads checkpoints with torch, which this server does not have; "
+                                "run `kembed export` where kembed[trainer] is installed") from error
+    return export
+
+
+def export_file(spec: JobSpec, *, job_id: str, fmt: str, table: str | None, step: int | None) -> Export:
+    """Write the export to a temporary file (so its size is known before the first byte is sent)."""
+    export = _exporter()
+    checkpoint = find_checkpoint(spec, step)
+    rows = export.read_table(checkpoint.uri, table)
+    fd, path = tempfile.mkstemp(prefix="kembed-export-", suffix=export.SUFFIXES[fmt])
+    try:
+        with os.fdopen(fd, "wb") as out:
+            export.write(rows, fmt, out)
+    except BaseException:
+        os.unlink(path)
+        raise
+    filename = f"{job_id}-{rows.name}-step-{checkpoint.step}{export.SUFFIXES[fmt]}"
+    return Export(path=path, filename=filename, step=checkpoint.step, table=rows.name)
+
+
+# A few tables kept in memory, so a user asking for several words reads the checkpoint once.
+_tables_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_table(step_uri: str, table: str | None):
+    return _exporter().read_table(step_uri, table)
+
+
+def nearest(spec: JobSpec, *, word: str, k: int, table: str | None) -> tuple[int, str, list[tuple[str, float]]]:
+    """(checkpoint step, table, [(key, cosine similarity)]) from the latest complete checkpoint."""
+    export = _exporter()
+    checkpoint = find_checkpoint(spec)
+    with _tables_lock:
+        rows = _cached_table(checkpoint.uri, table)
+    return checkpoint.step, rows.name, export.neighbours(rows, word, k)

@@ -1,0 +1,209 @@
+"""A checkpoint's embeddings in the formats other tools load, and nearest neighbours, read offline.
+
+Reads one complete `step-N/` folder with DCP in a single process (no process group): a table sharded row-wise
+over any number of ranks is gathered whole, as DCP reads every rank's rows into one tensor. What each row stands
+for comes from the checkpoint's own row index (`row_index.py`).
+
+Formats (`FORMATS`):
+- `parquet`: one row per word or id: `token` (word2vec), `id` (int64, plain tables) or `feature`, `id` (text)
+  and `row` (hashed tables, one row per raw id seen in training), then `vector` (fixed-size list of float32).
+- `word2vec-text` / `word2vec-binary`: the formats of the original word2vec tool, which gensim's
+  `KeyedVectors.load_word2vec_format` reads (binary: `binary=True`). Keys are the words, or the ids as text;
+  whitespace inside a key becomes `_`.
+- `numpy`: a `.npy` matrix, row i = table row i (the vocabulary's rows for word2vec).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from typing import IO, Any
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+from kembed_trainer import embedding, row_index
+from kembed_trainer.data.table import hash_string
+
+__all__ = ["FORMATS", "SUFFIXES", "ExportError", "TableRows", "neighbours", "read_table", "write"]
+
+FORMATS = ("parquet", "word2vec-text", "word2vec-binary", "numpy")
+SUFFIXES = {"parquet": ".parquet", "word2vec-text": ".txt", "word2vec-binary": ".bin", "numpy": ".npy"}
+_CHUNK_ROWS = 8192
+
+
+class ExportError(ValueError):
+    """The checkpoint lacks what was asked for (a table, a word, its row index)."""
+
+
+@dataclass
+class TableRows:
+    """One table's vectors and what its rows stand for."""
+
+    name: str
+    meaning: str  # words | ids | hashed_ids (row_index.rows_meaning)
+    vectors: np.ndarray  # [rows, dim] float32: the vocabulary's rows for words, else every row
+    keys: list[str]  # one per entry: the word, the id, or the raw id (hashed)
+    rows: np.ndarray  # the row of each key
+    features: list[str] | None  # hashed: each key's feature
+    bias_column: bool  # two_tower with biases: the last coordinate is the per-id bias, not a factor
+
+
+def read_manifest(step_uri: str) -> dict[str, Any]:
+    try:
+        with fsspec.open(f"{step_uri.rstrip('/')}/{row_index.TABLES_FILE}", "r", encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ExportError(f"{step_uri} has no {row_index.TABLES_FILE}: it was written before checkpoints "
+                          "recorded what their rows stand for") from None
+
+
+def default_table(manifest: dict[str, Any]) -> str:
+    """word2vec: the input (center) vectors, the word vectors users mean; else the first table."""
+    tables = manifest["tables"]
+    if manifest["model"] == "word2vec":
+        return next(t["name"] for t in tables if "center" in t["features"])
+    return tables[0]["name"]
+
+
+def read_table(step_uri: str, table: str | None = None) -> TableRows:
+    step_uri = step_uri.rstrip("/")
+    manifest = read_manifest(step_uri)
+    name = table or default_table(manifest)
+    spec = next((t for t in manifest["tables"] if t["name"] == name), None)
+    if spec is None:
+        raise ExportError(f"table {name!r} not in this checkpoint (tables: {[t['name'] for t in manifest['tables']]})")
+    vectors = _load_weight(step_uri, name)
+    meaning = spec["rows"]
+    features = None
+    if meaning == "words":
+        keys = list(manifest["vocabulary"])
+        vectors = vectors[: len(keys)]
+        rows = np.arange(len(keys))
+    elif meaning == "ids":
+        keys = [str(i) for i in range(vectors.shape[0])]
+        rows = np.arange(vectors.shape[0])
+    else:
+        ids = _read_ids(step_uri, name)
+        keys, rows, features = ids["id"].to_pylist(), ids["row"].to_numpy(), ids["feature"].to_pylist()
+    return TableRows(name, meaning, vectors, keys, rows, features, bool(manifest.get("bias_column")))
+
+
+def _load_weight(step_uri: str, table: str) -> np.ndarray:
+    reader = FsspecReader(step_uri)
+    key = f"embeddings.{table}.weight"
+    entry = reader.read_metadata().state_dict_metadata.get(key)
+    if entry is None:
+        raise ExportError(f"table {table!r}: no {key} in {step_uri}")
+    state = {"embeddings": {f"{table}.weight": torch.empty(tuple(entry.size), dtype=torch.float32)}}
+    with warnings.catch_warnings():  # one process, no process group: intended
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=FsspecReader(step_uri))
+    return state["embeddings"][f"{table}.weight"].numpy()
+
+
+def _read_ids(step_uri: str, table: str) -> pa.Table:
+    fs, root = fsspec.core.url_to_fs(step_uri)
+    paths = sorted(fs.glob(f"{root}/{row_index.IDS_DIR}/{table}.rank-*.parquet"))
+    if not paths:
+        raise ExportError(f"table {table!r}: no ids files in {step_uri}")
+    parts = []
+    for path in paths:
+        with fs.open(path, "rb") as f:
+            parts.append(pq.read_table(f))
+    ids = pa.concat_tables(parts)
+    # Ranks that saw the same id wrote it each: keep one (feature, id) pair.
+    frame = ids.group_by(["feature", "id"]).aggregate([("row", "min")]).rename_columns(["feature", "id", "row"])
+    return frame.sort_by([("feature", "ascending"), ("id", "ascending")])
+
+
+# ----------------------------------------------------------------------------------------------- writing
+def write(rows: TableRows, fmt: str, out: IO[bytes]) -> None:
+    """Write `rows` in format `fmt` to the binary stream `out`."""
+    if fmt not in FORMATS:
+        raise ExportError(f"format {fmt!r}: one of {', '.join(FORMATS)}")
+    if fmt == "numpy":
+        np.save(out, np.ascontiguousarray(rows.vectors, dtype=np.float32))
+    elif fmt == "parquet":
+        _write_parquet(rows, out)
+    else:
+        _write_word2vec(rows, out, binary=fmt == "word2vec-binary")
+
+
+def _write_parquet(rows: TableRows, out: IO[bytes]) -> None:
+    dim = rows.vectors.shape[1]
+    if rows.meaning == "words":
+        key_column = {"token": pa.array(rows.keys, pa.string())}
+    elif rows.meaning == "ids":
+        key_column = {"id": pa.array(rows.rows, pa.int64())}
+    else:
+        key_column = {"feature": pa.array(rows.features, pa.string()), "id": pa.array(rows.keys, pa.string()),
+                      "row": pa.array(rows.rows, pa.int64())}
+    flat = pa.array(rows.vectors[rows.rows].astype(np.float32, copy=False).reshape(-1))
+    vectors = pa.FixedSizeListArray.from_arrays(flat, dim)
+    pq.write_table(pa.table({**key_column, "vector": vectors}), out)
+
+
+def _word2vec_keys(rows: TableRows) -> list[str]:
+    return ["_".join(k.split()) or "_" for k in rows.keys]
+
+
+def _write_word2vec(rows: TableRows, out: IO[bytes], *, binary: bool) -> None:
+    keys = _word2vec_keys(rows)
+    out.write(f"{len(keys)} {rows.vectors.shape[1]}\n".encode())
+    for start in range(0, len(keys), _CHUNK_ROWS):
+        chunk = rows.vectors[rows.rows[start : start + _CHUNK_ROWS]].astype(np.float32, copy=False)
+        if binary:  # as gensim writes it: "<key> " then the little-endian float32s
+            out.write(b"".join(f"{k} ".encode() + v.astype("<f4").tobytes()
+                               for k, v in zip(keys[start : start + _CHUNK_ROWS], chunk, strict=True)))
+        else:  # %.9g: every float32 reads back exactly
+            out.write("".join(f"{k} {' '.join(format(x, '.9g') for x in v.tolist())}\n"
+                              for k, v in zip(keys[start : start + _CHUNK_ROWS], chunk, strict=True)).encode())
+
+
+# ----------------------------------------------------------------------------------------------- neighbours
+def _row_of(rows: TableRows, query: str) -> int:
+    if rows.meaning == "words":
+        try:
+            return rows.keys.index(query)
+        except ValueError:
+            raise ExportError(f"{query!r} is not in the vocabulary ({len(rows.keys)} words)") from None
+    if rows.meaning == "ids":
+        try:
+            row = int(query)
+        except ValueError:
+            raise ExportError(f"table {rows.name!r} has integer ids; got {query!r}") from None
+        if not 0 <= row < rows.vectors.shape[0]:
+            raise ExportError(f"id {row} outside [0, {rows.vectors.shape[0]})")
+        return row
+    for key, row in zip(rows.keys, rows.rows.tolist(), strict=True):
+        if key == query:
+            return row
+    # Not seen in training: it still hashes to a row (as the trainer would look it up).
+    try:
+        raw = int(query)
+    except ValueError:
+        raw = hash_string(query)
+    return int(embedding.hash_rows(torch.tensor([raw]), rows.vectors.shape[0])[0])
+
+
+def neighbours(rows: TableRows, query: str, k: int = 10) -> list[tuple[str, float]]:
+    """The `k` keys whose vectors are nearest to `query`'s by cosine similarity (itself left out)."""
+    target = _row_of(rows, query)
+    vectors = torch.from_numpy(np.ascontiguousarray(rows.vectors, dtype=np.float32))
+    if rows.bias_column:
+        vectors = vectors[:, :-1]
+    unit = torch.nn.functional.normalize(vectors, dim=1)
+    scores = unit @ unit[target]
+    key_rows = torch.from_numpy(np.asarray(rows.rows, dtype=np.int64).copy())
+    entry_scores = scores[key_rows]
+    entry_scores[key_rows == target] = -float("inf")
+    top = torch.topk(entry_scores, min(k, max(0, int((key_rows != target).sum()))))
+    return [(rows.keys[i], float(s)) for s, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)]
+
