@@ -120,6 +120,7 @@ class Failure:
     exit_code: int | None
     collateral: bool = False  # it ended because it was being stopped (a peer failed, deletion, eviction)
     finished_at: datetime | None = None
+    message: str = ""  # the trainer's own one-line reason (its termination log), when it wrote one
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,12 @@ def judge(failures: Iterable[Failure]) -> Verdict:
         first = retryable[0]
         return Verdict(True, "TrainerExitedRetryably",
                        f"{first.name} (node rank {first.index}) failed with {describe_exit_code(first.exit_code)}")
-    first = deciding[0]
+    # The node that says why goes first: its peers, which only lost it, say nothing.
+    first = next((f for f in deciding if f.message), deciding[0])
+    if first.message:
+        return Verdict(False, "TrainerExitedPermanently",
+                       f"{first.name} (node rank {first.index}) failed with {describe_exit_code(first.exit_code)}: "
+                       f"{first.message}")
     return Verdict(False, "TrainerExitedPermanently",
                    f"{first.name} (node rank {first.index}) failed with {describe_exit_code(first.exit_code)}, "
                    "which is permanent (1-127); see its log")

@@ -95,6 +95,8 @@ def _env(name: str, spec: resources.EmbeddingJobSpec, settings: OperatorSettings
          "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}},
         {"name": runtime.ENV_JOB_ID, "value": name},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        # The trainer writes why it failed there; the kubelet puts it in the pod's status for the exit policy.
+        {"name": runtime.ENV_TERMINATION_LOG, "value": runtime.TERMINATION_LOG_PATH},
     ]
     if spec.report_url:
         env.append({"name": runtime.ENV_REPORT_URL, "value": spec.report_url})
@@ -138,6 +140,8 @@ def batch_job(name: str, namespace: str, uid: str, tenant: str, spec: resources.
             "command": ["python"],
             "args": launcher_args,
             "env": _env(name, spec, settings),
+            "terminationMessagePath": runtime.TERMINATION_LOG_PATH,
+            "terminationMessagePolicy": "File",
             "envFrom": [{"secretRef": {"name": S3_SECRET, "optional": True}}],
             "ports": [{"name": "rendezvous", "containerPort": settings.rendezvous_port}],
             "resources": _resources(spec),

@@ -42,6 +42,7 @@ class PodView:
     image_pull_message: str
     exit_code: int | None  # of the first terminated container, once Failed/Succeeded
     finished_at: datetime.datetime | None
+    termination_message: str = ""  # what that container wrote to its terminationMessagePath (why it failed)
 
     @property
     def running(self) -> bool:
@@ -50,7 +51,8 @@ class PodView:
     def failure(self) -> lifecycle.Failure:
         """This failed pod as the lifecycle's exit policy sees it (a pod being deleted or evicted is collateral)."""
         return lifecycle.Failure(name=f"pod {self.name}", index=self.index, exit_code=self.exit_code,
-                                 collateral=self.deleting or self.disrupted, finished_at=self.finished_at)
+                                 collateral=self.deleting or self.disrupted, finished_at=self.finished_at,
+                                 message=self.termination_message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +80,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
     scheduled = conditions.get("PodScheduled") or {}
     unschedulable = scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
-    pull_failure, pull_message, exit_code, finished_at = None, "", None, None
+    pull_failure, pull_message, exit_code, finished_at, termination_message = None, "", None, None, ""
     for container in status.get("containerStatuses") or []:
         state = container.get("state") or {}
         waiting = state.get("waiting") or {}
@@ -87,6 +89,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         terminated = state.get("terminated")
         if terminated and exit_code is None:
             exit_code, finished_at = terminated.get("exitCode"), parse_time(terminated.get("finishedAt"))
+            termination_message = (terminated.get("message") or "").strip()
     disrupted = (conditions.get("DisruptionTarget") or {}).get("status") == "True" or status.get("reason") in (
         "Evicted", "NodeLost", "Preempting", "Terminated", "Shutdown")
     try:
@@ -100,7 +103,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         unschedulable_since=parse_time(scheduled.get("lastTransitionTime")) if unschedulable else None,
         unschedulable_message=scheduled.get("message", "") if unschedulable else "",
         image_pull_failure=pull_failure, image_pull_message=pull_message,
-        exit_code=exit_code, finished_at=finished_at,
+        exit_code=exit_code, finished_at=finished_at, termination_message=termination_message,
     )
 
 

@@ -96,9 +96,9 @@ def test_a_word2vec_job_exports_and_answers_neighbours_for_its_tenant_only(serve
     # Another tenant (even its admin) finds neither the job nor its embeddings.
     server.client.create_tenant("rival", {"max_running_jobs": 1})
     secret = server.client.create_token("rival", name="r", role="tenant-admin")["token"]
-    with Client(server.url, token=secret) as rival:
+    with Client(server.url, token=secret) as rival, open(os.devnull, "wb") as sink:
         for call in (lambda: rival.neighbours(done["id"], "w3"),
-                     lambda: rival.export(done["id"], open(os.devnull, "wb"), fmt="numpy")):
+                     lambda: rival.export(done["id"], sink, fmt="numpy")):
             with pytest.raises(ApiError) as hidden:
                 call()
             assert hidden.value.status_code == 404

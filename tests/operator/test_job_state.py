@@ -10,7 +10,8 @@ import pytest
 from kembed_contract.resources import EmbeddingJobSpec
 from kembed_operator.job_state import Action, decide
 from kembed_operator.settings import OperatorSettings
-from kembed_operator.views import BatchJobView, PodView
+from kembed_operator.views import BatchJobView, PodView, pod_view
+from kembed_trainer import runtime
 from tests.operator.harness import JobBuilder
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
@@ -36,6 +37,22 @@ def pod(index: int, phase: str = "Running", attempt: int = 0, **fields) -> PodVi
 
 
 RUNNING = {"phase": "RUNNING", "attempt": 0, "restartCount": 0, "attemptStartTime": "2026-01-01T11:59:00Z"}
+
+
+def test_bad_data_fails_at_once_with_the_trainers_own_reason_not_its_peers():
+    reason = "data error: feature 'user': ids 1..943 outside [0, 943); set hash_ids on its table for unbounded ids"
+    pods = [pod(0, "Failed", exit_code=1, finished_at=NOW),  # lost its peer
+            pod(1, "Failed", exit_code=runtime.EXIT_BAD_CONFIG, finished_at=NOW, termination_message=reason)]
+    plan = decide(spec=spec(), status=RUNNING, generation=1, batch_job=job(), pods=pods, now=NOW, settings=SETTINGS)
+    assert (plan.status["phase"], plan.status["reason"]) == ("FAILED", "TrainerExitedPermanently")
+    assert plan.status["message"] == f"pod j-1 (node rank 1) failed with exit code 2: {reason}"
+    assert "restartCount" not in plan.status and plan.action is not Action.DELETE_GANG  # no restart
+
+
+def test_a_pods_termination_message_is_read_from_its_terminated_container():
+    view = pod_view({"metadata": {"name": "j-0"}, "status": {"phase": "Failed", "containerStatuses": [
+        {"state": {"terminated": {"exitCode": 2, "message": "data error: no files at s3://b/x\n"}}}]}})
+    assert (view.exit_code, view.termination_message) == (2, "data error: no files at s3://b/x")
 
 
 def test_a_new_job_creates_its_gang_and_is_admitted():

@@ -44,7 +44,7 @@ def trainer_command(config_path: pathlib.Path, nproc: int = 1) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "kembed_trainer.launch",  # torchrun, exiting with the failed rank's own code
         "--standalone",
         "--nnodes",
         "1",

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from kembed_trainer import config, embedding, exit_codes
+from kembed_trainer import config, embedding, runtime
 from kembed_trainer.data.batch import Batch
 from kembed_trainer.data.synthetic import SyntheticData
 from tests.trainer.conftest import run_trainer, tiny_config, write_config
@@ -154,9 +154,9 @@ def test_integer_ids_out_of_range_are_bad_input_with_the_reason_in_the_terminati
     cfg["embeddings"]["tables"][2]["num_embeddings"] = 100  # item ids go up to 999
     termination_log = tmp_path / "termination-log"
     code, _, stderr = run_trainer(
-        write_config(tmp_path / "c.yaml", cfg), nproc=nproc, **{exit_codes.TERMINATION_LOG_ENV: str(termination_log)}
+        write_config(tmp_path / "c.yaml", cfg), nproc=nproc, **{runtime.ENV_TERMINATION_LOG: str(termination_log)}
     )
-    assert code == exit_codes.EXIT_BAD_INPUT, stderr  # under the launcher too: the rank's code, not torchrun's 1
+    assert code == runtime.EXIT_BAD_CONFIG, stderr  # under the launcher too: the rank's code, not torchrun's 1
     reason = termination_log.read_text()
     assert re.fullmatch(r"data error: feature 'item': ids \d+\.\.\d+ outside \[0, 100\); set hash_ids on its table.*", reason)
     assert "set hash_ids on its table" in reason and "\n" not in reason.strip()

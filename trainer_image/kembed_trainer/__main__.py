@@ -1,7 +1,7 @@
 """`python -m kembed_trainer --config PATH_OR_URI`, alone or under torchrun.
 
-Exit codes (kembed_trainer.runtime): 0 done; 2 bad config (one line naming the field); 143 stopped by SIGTERM
-after a checkpoint.
+Exit codes (kembed_trainer.runtime): 0 done; 2 bad input, the config or the data (one line naming the field or
+the column, also written to the termination log); 143 stopped by SIGTERM after a checkpoint.
 """
 
 from __future__ import annotations
@@ -11,6 +11,16 @@ import sys
 
 from kembed_trainer import config, runtime
 
+# What bad data raises: a ValueError by convention (pyarrow's parse errors and bad UTF-8 are ValueErrors too), or
+# a data file that is not there.
+_BAD_DATA = (ValueError, FileNotFoundError)
+
+
+def _bad_input(message: str) -> int:
+    print(message, file=sys.stderr, flush=True)
+    runtime.write_termination_message(message)
+    return runtime.EXIT_BAD_CONFIG
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kembed_trainer", description=__doc__)
@@ -19,11 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config.load_config(args.config)
     except config.ValidationError as exc:
-        print(f"config error: {config.format_validation_error(exc)}", file=sys.stderr, flush=True)
-        return runtime.EXIT_BAD_CONFIG
+        return _bad_input(f"config error: {config.format_validation_error(exc)}")
     except (OSError, ValueError) as exc:  # unreadable file, YAML syntax, not a mapping
-        print(f"config error: {exc}".splitlines()[0], file=sys.stderr, flush=True)
-        return runtime.EXIT_BAD_CONFIG
+        return _bad_input(f"config error: {exc}".splitlines()[0])
 
     # Heavy imports only after the config is known to be good, so a typo fails in milliseconds.
     from kembed_trainer import dist, report, train
@@ -39,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             trainer.close()
             del trainer  # with it the last references to the process groups, which teardown destroys
+    except _BAD_DATA as exc:
+        return _bad_input(f"data error: {exc}".splitlines()[0])
+    except Exception as exc:
+        # A crash keeps its traceback (and exit 1), but the job's message is its one line, not the launcher's.
+        runtime.write_termination_message(f"{type(exc).__name__}: {exc}".splitlines()[0])
+        raise
     finally:
         # A finished run waits for the API to have its result (the job must not be seen ending without it). A run
         # stopped by SIGTERM (the server stopping, a cancel, a preemption) or failing waits briefly: whoever stops

@@ -4,7 +4,8 @@ import it without torch.
 
 - exit codes of `python -m kembed_trainer` (and of the launcher, kembed_trainer.launch, which passes the first
   failed rank's own code through instead of torchrun's blanket 1);
-- the environment a trainer reads (`KEMBED_REPORT_*`, `KEMBED_JOB_ID`);
+- the environment a trainer reads (`KEMBED_REPORT_*`, `KEMBED_JOB_ID`, `KEMBED_TERMINATION_LOG`);
+- the termination log: where a failing trainer writes its one-line reason, so the job's message is that reason;
 - the names of the records rank 0 reports (JSON lines on stdout, POSTed to the API);
 - the checkpoint layout: `<uri>/step-N/`, counting only once its `COMPLETE` marker exists;
 - the command line that starts one node of a gang (torchrun's arguments, under the launcher);
@@ -13,6 +14,8 @@ import it without torch.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import signal
 from collections.abc import Sequence
@@ -22,6 +25,7 @@ __all__ = [
     "ENV_JOB_ID",
     "ENV_REPORT_TOKEN",
     "ENV_REPORT_URL",
+    "ENV_TERMINATION_LOG",
     "EVENT_CHECKPOINT",
     "EVENT_DONE",
     "EVENT_EVAL",
@@ -30,21 +34,53 @@ __all__ = [
     "EXIT_BAD_CONFIG",
     "EXIT_OK",
     "EXIT_STOPPED",
+    "MAX_TERMINATION_MESSAGE_BYTES",
     "OPTIMIZER_STATE_FLOATS",
+    "TERMINATION_LOG_PATH",
     "node_command",
+    "read_termination_message",
     "step_dir",
     "step_of_dir",
+    "write_termination_message",
 ]
 
 # ---- exit codes ---------------------------------------------------------------------------------------------
 EXIT_OK = 0
-EXIT_BAD_CONFIG = 2  # the config does not validate: retrying cannot help
+# Bad input: the config does not validate, or the data does not fit it (a missing column, an id outside its
+# table, a file that is not there). Retrying cannot help; the reason is in the termination log.
+EXIT_BAD_CONFIG = 2
 EXIT_STOPPED = 128 + signal.SIGTERM  # 143: stopped by SIGTERM after saving a checkpoint (resumes from it)
 
 # ---- environment --------------------------------------------------------------------------------------------
 ENV_JOB_ID = "KEMBED_JOB_ID"  # the API's job id (log lines, process lookup after a server restart)
 ENV_REPORT_URL = "KEMBED_REPORT_URL"  # where rank 0 POSTs its records; unset: stdout only
 ENV_REPORT_TOKEN = "KEMBED_REPORT_TOKEN"  # the per-job bearer token for those POSTs
+ENV_TERMINATION_LOG = "KEMBED_TERMINATION_LOG"  # a file: the first failing rank writes why; unset: nowhere
+
+# ---- termination log ----------------------------------------------------------------------------------------
+TERMINATION_LOG_PATH = "/dev/termination-log"  # Kubernetes' terminationMessagePath: the kubelet reads it
+MAX_TERMINATION_MESSAGE_BYTES = 4096  # what the kubelet keeps of a termination message
+
+
+def write_termination_message(message: str) -> None:
+    """Record why this process fails where the launcher looks (`ENV_TERMINATION_LOG`). The first rank to fail
+    writes; later ones (peers that only lost it) leave its message alone."""
+    path = os.environ.get(ENV_TERMINATION_LOG)
+    if not path:
+        return
+    with contextlib.suppress(OSError), open(path, "a+b") as f:
+        if f.tell() == 0:
+            f.write(message.encode("utf-8", "replace")[:MAX_TERMINATION_MESSAGE_BYTES])
+
+
+def read_termination_message(path: str | os.PathLike) -> str:
+    """The message a trainer left at `path`, or "" when there is none."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_TERMINATION_MESSAGE_BYTES).decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
 
 # ---- report records (field "event") -------------------------------------------------------------------------
 EVENT_STARTED = "started"  # step = the step it resumed from (0 on a fresh start); resumed_from, total_steps

@@ -125,6 +125,10 @@ class LocalBackend:
     def _log_dir(self, job_id: str) -> Path:
         return self.data_dir / "logs" / job_id
 
+    def _termination_log(self, job_id: str, node_rank: int) -> Path:
+        """Where node `node_rank`'s first failing rank writes why (runtime.ENV_TERMINATION_LOG)."""
+        return self._job_dir(job_id) / f"node-{node_rank}.termination-log"
+
     def start(self, launch: Launch) -> dict[str, Any]:
         job_dir, log_dir = self._job_dir(launch.job_id), self._log_dir(launch.job_id)
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -145,6 +149,8 @@ class LocalBackend:
         }
         processes, log_files = [], []
         for node_rank in range(resources.nodes):
+            termination_log = self._termination_log(launch.job_id, node_rank)
+            termination_log.unlink(missing_ok=True)  # an earlier attempt's reason
             log = open(log_dir / f"node-{node_rank}.log", "ab")  # noqa: SIM115 (kept open while the node runs)
             log.write(f"=== attempt {launch.attempt} of job {launch.job_id}, node {node_rank} ===\n".encode())
             log.flush()
@@ -152,9 +158,10 @@ class LocalBackend:
                 _LAUNCHER, nnodes=resources.nodes, node_rank=node_rank, nproc_per_node=resources.procs_per_node,
                 master_addr="127.0.0.1", master_port=port, rdzv_id=launch.job_id, config=str(config_path),
             )
+            node_env = {**env, runtime.ENV_TERMINATION_LOG: str(termination_log)}
             processes.append(
-                subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 cwd=job_dir, start_new_session=True)
+                subprocess.Popen(command, env=node_env, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, cwd=job_dir, start_new_session=True)
             )
             log_files.append(log)
         with self._lock:
@@ -179,9 +186,13 @@ class LocalBackend:
         if not failed:
             return Exit(succeeded=True, retryable=False, reason="Completed", message="all trainers exited 0")
         verdict = lifecycle.judge(
-            lifecycle.Failure(name=f"node {i}", index=i, exit_code=codes[i], collateral=i in gang.collateral)
+            lifecycle.Failure(name=f"node {i}", index=i, exit_code=codes[i], collateral=i in gang.collateral,
+                              message=runtime.read_termination_message(self._termination_log(job_id, i)))
             for i in failed
         )
+        if any(runtime.read_termination_message(self._termination_log(job_id, i)) for i in failed):
+            # The trainer said why (the verdict carries it): that is the message, not the launcher's log lines.
+            return Exit(succeeded=False, retryable=verdict.retryable, reason=verdict.reason, message=verdict.message)
         tail = self.read_logs(job_id, tail_lines=12)
         return Exit(succeeded=False, retryable=verdict.retryable, reason=verdict.reason,
                     message=f"{verdict.message}; trainer exit codes {codes}; last log lines:\n{tail}")

@@ -1,15 +1,15 @@
 """jobs.dataset: the training data's size as the trainer read it (rows, sentences, tokens, vocabulary)
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-12-01 15:40:00
 """
 import sqlalchemy as sa
 from alembic import op
 
 
-revision = '0008'
-down_revision = '0007'
+revision = '0009'
+down_revision = '0008'
 branch_labels = None
 depends_on = None
 
