@@ -164,16 +164,39 @@ def jobs(
 ) -> None:
     """List jobs."""
     page = _request(server, lambda client: client.jobs(states=state, limit=limit))
-    table = Table("STATE", "PROGRESS", "LOSS", "AUC", "CREATED", "REASON")
-    table.columns.insert(0, Column("ID", no_wrap=True))
-    for job in page["items"]:
-        progress = job["progress"]
-        table.add_row(
-            job["id"], _state(job["state"]), f"{progress['step']}/{progress['total_steps']}",
-            _fmt(job["metrics"].get("loss")), _fmt((job["result"] or {}).get("auc", job["metrics"].get("eval_auc"))),
-            job["created_at"][:19].replace("T", " "), job["reason"],
-        )
+    # At 80 columns the cells that identify a job (id, state, progress, its metric) are never cut; the reason
+    # takes what is left, with an ellipsis.
+    # Newest first; `kembed status` has the times. The id, state, progress and metric are never cut; the reason
+    # gets the rest of the line (an ellipsis where it is longer).
+    rows = [
+        [job["id"], job["state"], f"{job['progress']['step']}/{job['progress']['total_steps']}", _job_metric(job),
+         job["reason"]]
+        for job in page["items"]
+    ]
+    headers = ["ID", "STATE", "PROGRESS", "METRIC", "REASON"]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    room = max(len("REASON"), console.width - sum(widths[:-1]) - 2 * (len(headers) - 1))
+    table = Table(*(Column(h, no_wrap=True) for h in headers), box=None, pad_edge=False)
+    for row in rows:
+        reason = row[-1] if len(row[-1]) <= room else row[-1][: room - 1] + "…"
+        table.add_row(*row[:1], _state(row[1]), *row[2:-1], reason)
     console.print(table)
+
+
+def _job_metric(job: dict[str, Any]) -> str:
+    """The one metric that fits the job's kind: rmse for ratings, analogy accuracy for word2vec with analogies,
+    else auc; the result's once it finished, else the latest eval's."""
+    trainer = job["spec"]["trainer"]
+    model = trainer.get("model") or {}
+    if model.get("kind") == "two_tower" and model.get("loss", "mse") == "mse":
+        name = "rmse"
+    elif (trainer.get("evaluation") or {}).get("analogies_uri"):
+        name = "analogy_accuracy"
+    else:
+        name = "auc"
+    value = (job["result"] or {}).get(name, job["metrics"].get(f"eval_{name}"))
+    label = "analogy" if name == "analogy_accuracy" else name
+    return f"{label} {value:.4f}" if isinstance(value, int | float) else "-"
 
 
 _EXPORT_SUFFIXES = {"parquet": ".parquet", "word2vec-text": ".txt", "word2vec-binary": ".bin", "numpy": ".npy"}

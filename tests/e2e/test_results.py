@@ -46,9 +46,9 @@ def test_ids_outside_the_table_fail_at_once_with_the_reason_and_no_restart(serve
     spec["resources"]["procs_per_node"] = 2
     job = server.client.submit(spec)
     done = server.wait_terminal(job["id"])
-    assert (done["state"], done["reason"], done["restart_count"]) == ("FAILED", "TrainerRejectedInput", 0)
-    assert re.fullmatch(r"trainer exit codes \[2\]: data error: feature 'user': ids \d+\.\.100 outside \[0, 100\); "
-                        r"set hash_ids on its table for unbounded ids", done["message"]), done["message"]
+    assert (done["state"], done["reason"], done["restart_count"]) == ("FAILED", "TrainerExitedPermanently", 0)
+    assert re.fullmatch(r"node 0 \(node rank 0\) failed with exit code 2: data error: feature 'user': ids \d+\.\.100 "
+                        r"outside \[0, 100\); set hash_ids on its table for unbounded ids", done["message"]), done["message"]
     assert "Root Cause" not in done["message"] and "torch.distributed" not in done["message"]
     assert "Restarting" not in [e["reason"] for e in done["events"]]
 
@@ -82,6 +82,12 @@ def test_a_word2vec_job_exports_and_answers_neighbours_for_its_tenant_only(serve
     vectors = KeyedVectors.load_word2vec_format(out, binary=True)
     assert len(vectors) == done["dataset"]["vocab_size"] and vectors.vector_size == 16
     assert not list(tmp_path.glob(".*.partial"))
+    listed = subprocess.run([sys.executable, "-m", "kembed_api.cli", "jobs", "--server", server.url],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "KEMBED_TOKEN": server.token, "COLUMNS": "80"}).stdout
+    row = next(line for line in listed.splitlines() if line.startswith(done["id"]))
+    assert max(map(len, listed.splitlines())) <= 80 and " SUCCEEDED " in row
+    assert f"auc {done['result']['auc']:.4f}" in row  # word2vec's metric: true against noise pairs
     status = kembed("status", done["id"])
     assert f"vocab_size={done['dataset']['vocab_size']:,}" in status.stdout
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kembed_trainer import config, sparse_optim
+from kembed_trainer.data.batch import Batch
 
 NUM_ROWS, DIM, LR = 10, 4, 0.1
 ROWS = [torch.tensor([1, 4, 7]), torch.tensor([0, 4, 9])]  # two steps, row 4 touched twice
@@ -78,3 +79,33 @@ def test_sparse_update_equals_reference_on_touched_rows(name, reference):
     torch.testing.assert_close(got[touched], want[touched], rtol=1e-5, atol=1e-6)
     assert not torch.equal(got[touched], start[touched])
     torch.testing.assert_close(got[untouched], start[untouched], rtol=0, atol=0)  # lazy: never moved
+
+
+@pytest.mark.parametrize("name", ["sgd", "adagrad", "rowwise_adagrad", "adam"])
+def test_weight_decay_adds_l2_to_the_touched_rows_only(name):
+    """A table's weight_decay is torch's coupled L2 (grad + wd * w) on the rows a step touched; the rest stay."""
+    from kembed_trainer import embedding
+
+    def run(weight_decay: float, steps: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+        emb = embedding.EmbeddingCollection(
+            config.EmbeddingsConfig(tables=[config.TableConfig(
+                name="t", num_embeddings=NUM_ROWS, embedding_dim=DIM, features=["f"], weight_decay=weight_decay)]),
+            config.SparseOptimizerConfig(name=name, lr=LR), device=torch.device("cpu"), seed=0, world_size=1)
+        before = emb.groups[0].weight.clone()
+        ids = torch.tensor([1, 4])
+        batch = Batch(torch.zeros(2, 0), ids, torch.ones(2, dtype=torch.int64), torch.zeros(2))
+        for step in range(steps):
+            (emb(batch)[0] * torch.tensor([[[1.0, -2.0, 0.5, 3.0]]])).sum().backward()
+            emb.step(step)
+        return before, emb.groups[0].weight
+
+    before, plain = run(0.0)
+    _, decayed = run(0.5)
+    untouched = [r for r in range(NUM_ROWS) if r not in (1, 4)]
+    assert torch.equal(decayed[untouched], before[untouched])
+    # The touched rows move differently (shrunk towards 0); for sgd exactly w - lr * (grad + wd * w).
+    assert not torch.allclose(decayed[[1, 4]], plain[[1, 4]])
+    if name == "sgd":
+        _, one_step = run(0.5, steps=1)
+        grad = torch.tensor([1.0, -2.0, 0.5, 3.0]).expand(2, DIM)
+        assert torch.allclose(one_step[[1, 4]], before[[1, 4]] - LR * (grad + 0.5 * before[[1, 4]]))

@@ -58,6 +58,7 @@ class Checkpointer:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         self._inflight: Future[SavedCheckpoint] | None = None
         self._landed: list[SavedCheckpoint] = []
+        self.pinned_step: int | None = None  # a step never pruned (the best eval's checkpoint)
         # Saves talk over a group of their own, so their collectives never interleave with training's.
         self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
 
@@ -160,10 +161,13 @@ class Checkpointer:
         return sorted((s for n in names if (s := runtime.step_of_dir(n)) is not None), reverse=True)
 
     def _prune(self) -> None:
-        """Keep the newest `keep` complete checkpoints; drop every older folder, complete or partial."""
+        """Keep the newest `keep` complete checkpoints and the pinned one (the best); drop every older folder,
+        complete or partial."""
         kept = self.complete_steps()[: self.keep]
         if not kept:
             return
+        if self.pinned_step is not None:
+            kept.append(self.pinned_step)
         for step in self._listed_steps():
             if step not in kept and step < kept[0]:
                 self.fs.rm(f"{self.root}/{runtime.step_dir(step)}", recursive=True)

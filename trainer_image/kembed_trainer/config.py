@@ -29,6 +29,7 @@ __all__ = [
     "NumbersOnly",
     "DenseOptimizerConfig",
     "DistributedConfig",
+    "EvaluationConfig",
     "EmbeddingsConfig",
     "ModelConfig",
     "OptimizerConfig",
@@ -112,6 +113,12 @@ class TableConfig(_Strict):
     embedding_dim: _int(1, MAX_WIDTH) = Field(description="Width of each row.")
     features: Features = Field(description="Sparse features looked up in this table.")
     lr_scale: _float(gt=0, le=1000) = Field(1.0, description="Multiplies the sparse optimizer's lr for this table.")
+    weight_decay: _float(ge=0, le=1000) = Field(
+        0.0,
+        description="L2 regularisation: weight_decay x row is added to the gradient of each row a step touches "
+        "(lazily: untouched rows do not decay), before the sparse optimizer sees it, so row-wise Adagrad's "
+        "accumulator counts it per row. 0 = none.",
+    )
     hash_ids: bool = Field(
         False,
         description="Hash raw ids (any int64, or strings from files) into num_embeddings buckets; "
@@ -362,6 +369,49 @@ class CheckpointConfig(_Strict):
         return uri
 
 
+# Metrics an evaluation reports, and which way is better (the best checkpoint and early stopping use it).
+LOWER_IS_BETTER = frozenset({"loss", "rmse", "mae", "log_loss"})
+HIGHER_IS_BETTER = frozenset({"auc", "recall_at_k", "analogy_accuracy"})
+
+
+class EvaluationConfig(_Strict):
+    """What an evaluation measures, and what the job keeps of it.
+
+    Every eval (each `training.eval_every` steps and at the end) reports the metrics of its model kind: `rmse`,
+    `mae` and `loss` for ratings (two_tower with mse); `auc`, `log_loss` and `loss` for clicks (dlrm, two_tower
+    with bce, which adds `recall_at_k`); word2vec the `auc` and `log_loss` of true against noise pairs, plus the
+    neighbours of `neighbours_of` and, with `analogies_uri`, `analogy_accuracy`.
+    """
+
+    metric: Literal["auto", "loss", "rmse", "mae", "auc", "log_loss", "recall_at_k", "analogy_accuracy"] = Field(
+        "auto",
+        description="The metric that picks the best checkpoint and drives early stopping; lower is better for "
+        "loss, rmse, mae, log_loss, higher for the others. auto: rmse for ratings, analogy_accuracy for word2vec "
+        "with analogies, else auc.",
+    )
+    keep_best: bool = Field(
+        True,
+        description="Save a checkpoint at each eval that improves `metric` and keep it whatever `checkpoint.keep` "
+        "says; the job's result is then the best eval and its checkpoint (the last is kept too).",
+    )
+    patience: Count = Field(
+        0, description="Evals in a row without improvement after which training stops early; 0 = never."
+    )
+    recall_k: _int(1, 10_000) = Field(
+        10, description="two_tower with bce: recall@k ranks each held-out positive's item among the held-out items."
+    )
+    neighbours_of: Annotated[list[Name], Field(max_length=100)] = Field(
+        [], description="word2vec: words whose nearest neighbours (cosine) each eval reports."
+    )
+    neighbours_k: _int(1, 100) = 5
+    analogies_uri: Uri | None = Field(
+        None,
+        description="word2vec: analogy questions, one `a b c d` per line (a is to b as c is to d; `:` lines are "
+        "section titles, as in word2vec's questions-words.txt); analogy_accuracy is the share answered right "
+        "among those whose four words are in the vocabulary.",
+    )
+
+
 class SparsityConfig(_Strict):
     """Dynamic sparse training of the dense weights (every weight matrix; biases stay dense).
 
@@ -418,6 +468,7 @@ class TrainerConfig(_Strict):
     training: TrainingConfig
     checkpoint: CheckpointConfig = CheckpointConfig()
     distributed: DistributedConfig = DistributedConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
     sparsity: SparsityConfig | None = Field(
         None, description="Dynamic sparse masks over the dense weights; null = dense."
     )
@@ -475,6 +526,12 @@ class TrainerConfig(_Strict):
                 raise ValueError(
                     f"dlrm: bottom_mlp must end in the embedding_dim ({dim}), got {self.model.bottom_mlp}"
                 )
+        evaluation = self.evaluation
+        if evaluation.metric not in ("auto", *self.eval_metrics):
+            raise ValueError(f"evaluation.metric: {self.model.kind} reports {sorted(self.eval_metrics)}, "
+                             f"not {evaluation.metric!r}")
+        if self.model.kind != "word2vec" and (evaluation.neighbours_of or evaluation.analogies_uri):
+            raise ValueError("evaluation.neighbours_of and analogies_uri are for word2vec")
         return self
 
     def _check_word2vec_fits_its_trainer(self) -> None:
@@ -496,6 +553,31 @@ class TrainerConfig(_Strict):
                 raise ValueError(
                     f"embeddings.tables: word2vec rows are vocabulary indices; {t.name!r} needs hash_ids: false and admit_after: 0"
                 )
+
+    @property
+    def ratings(self) -> bool:
+        """Whether labels are real-valued ratings (two_tower with mse), not 0/1."""
+        return self.model.kind == "two_tower" and self.model.loss == "mse"
+
+    @property
+    def eval_metrics(self) -> frozenset[str]:
+        """The metrics every eval of this model reports."""
+        if self.ratings:
+            return frozenset({"rmse", "mae", "loss"})
+        metrics = {"auc", "log_loss", "loss"}
+        if self.model.kind == "two_tower":
+            metrics.add("recall_at_k")
+        if self.model.kind == "word2vec" and self.evaluation.analogies_uri:
+            metrics.add("analogy_accuracy")
+        return frozenset(metrics)
+
+    @property
+    def best_metric(self) -> tuple[str, bool]:
+        """(the metric that decides the best checkpoint, whether higher is better)."""
+        metric = self.evaluation.metric
+        if metric == "auto":
+            metric = "rmse" if self.ratings else "analogy_accuracy" if self.evaluation.analogies_uri else "auc"
+        return metric, metric in HIGHER_IS_BETTER
 
 
 def format_validation_error(err: ValidationError) -> str:

@@ -82,6 +82,8 @@ class _Group:
             else None
         )
         self.lr_scale = torch.tensor([t.lr_scale for t in tables], device=device)
+        self.weight_decay = torch.tensor([t.weight_decay for t in tables], device=device)
+        self.any_decay = any(t.weight_decay > 0 for t in tables)
         self.sharded = torch.tensor(sharded, dtype=torch.bool, device=device)
         self.is_sharded = list(sharded)
         self.virtual_starts = starts
@@ -164,12 +166,12 @@ class _Group:
         exchange.fetch(self.shard, out=vectors[num_repl:])
         return vectors, _Touched(repl_rows, num_repl, exchange)
 
-    def repl_lr(self, rows: torch.Tensor) -> torch.Tensor:
-        """Each `weight` row's table lr scale."""
-        return self.lr_scale[torch.searchsorted(self.repl_starts, rows, right=True) - 1]
+    def repl_table(self, rows: torch.Tensor) -> torch.Tensor:
+        """Each `weight` row's table."""
+        return torch.searchsorted(self.repl_starts, rows, right=True) - 1
 
-    def shard_lr(self, local_rows: torch.Tensor) -> torch.Tensor:
-        return self.lr_scale[self.layout.local_table_of(local_rows)]
+    def shard_table(self, local_rows: torch.Tensor) -> torch.Tensor:
+        return self.layout.local_table_of(local_rows)
 
     def table_slices(self, t: int) -> slice:
         lo = int(self.repl_starts[t])
@@ -290,19 +292,22 @@ class EmbeddingCollection:
                 continue
             if g.weight.shape[0]:
                 repl_grad = grad[: where.num_repl]
-                self._update(g.weight, g.state, where.repl_rows, repl_grad, g.repl_lr, step, average=True)
+                self._update(g, g.weight, g.state, where.repl_rows, repl_grad, g.repl_table, step, average=True)
             if where.exchange is not None:
                 rows, summed = where.exchange.return_grads(grad[where.num_repl :])
                 if self.world_size > 1:
                     summed = summed / self.world_size
-                self._update(g.shard, g.shard_state, rows, summed, g.shard_lr, step, average=False)
+                self._update(g, g.shard, g.shard_state, rows, summed, g.shard_table, step, average=False)
         self._pending = []
 
-    def _update(self, weight, state, rows, grad, lr_of, step: int, *, average: bool) -> None:
+    def _update(self, g: _Group, weight, state, rows, grad, table_of, step: int, *, average: bool) -> None:
         if average and self.world_size > 1:
             rows, grad = _average_across_ranks(rows, grad, self.world_size)
         if rows.numel():
-            self.optimizer.update(weight, state, rows, grad, lr_of(rows) * self.lr, step)
+            table = table_of(rows)
+            if g.any_decay:  # L2 on the rows this step touched (after averaging: replicas hold the same rows)
+                grad = grad + weight.index_select(0, rows) * g.weight_decay[table][:, None]
+            self.optimizer.update(weight, state, rows, grad, g.lr_scale[table] * self.lr, step)
 
     def discard_lookup(self) -> None:
         """Forget the last lookup (after evaluation, which has no gradients to apply)."""
@@ -330,6 +335,18 @@ class EmbeddingCollection:
                 if g.seen is not None:
                     sd[f"{t.name}.seen"] = g.seen[g.virtual_slice(i)]
         return sd
+
+    def full_weight(self, name: str) -> torch.Tensor:
+        """Every row of table `name` on this rank (a sharded table is all-gathered: a collective)."""
+        for g in self.groups:
+            for i, t in enumerate(g.tables):
+                if t.name != name:
+                    continue
+                if not g.sharded[i]:
+                    return g.weight[g.table_slices(i)]
+                local = g.shard[g.layout.local_slice(i)]
+                return local if self.world_size == 1 else self._sharded(local, t.num_embeddings).full_tensor()
+        raise KeyError(name)
 
     def _sharded(self, local: torch.Tensor, num_rows: int) -> torch.Tensor:
         if self.world_size == 1:

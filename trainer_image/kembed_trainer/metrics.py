@@ -6,7 +6,7 @@ import resource
 
 import torch
 
-__all__ = ["auc", "peak_memory_mb"]
+__all__ = ["auc", "peak_memory_mb", "recall_at_k"]
 
 
 def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
@@ -27,6 +27,20 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     ranks[order] = mean_rank[inverse]
     rank_sum = ranks[labels > 0.5].sum().item()
     return (rank_sum - num_pos * (num_pos + 1) / 2) / (num_pos * num_neg)
+
+
+def recall_at_k(user: torch.Tensor, item: torch.Tensor, item_bias: torch.Tensor, labels: torch.Tensor,
+                k: int) -> float:
+    """Retrieval recall@k over held-out pairs: each positive pair's item ranked among all distinct held-out items
+    by the model's score for that user; the share ranked in the top k (ties counted in the item's favour)."""
+    candidates, which = torch.unique(torch.cat([item, item_bias[:, None]], 1), dim=0, return_inverse=True)
+    positive = labels > 0.5
+    if not positive.any() or not item.numel():
+        return 0.0
+    scores = user[positive] @ candidates[:, :-1].T + candidates[:, -1]
+    true = scores.gather(1, which[positive][:, None])
+    rank = (scores > true).sum(1)
+    return (rank < k).double().mean().item()
 
 
 def peak_memory_mb(device: torch.device) -> float:

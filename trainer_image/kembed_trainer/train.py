@@ -15,6 +15,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel
 
 from kembed_trainer import (
+    best,
     checkpoint,
     config,
     data,
@@ -27,6 +28,7 @@ from kembed_trainer import (
     runtime,
     sparse_optim,
     sparsity,
+    word_eval,
 )
 from kembed_trainer import dist as kdist
 
@@ -51,6 +53,16 @@ class Trainer:
         # What each row stands for (vocabulary, hashed ids), saved with every checkpoint (row_index.py).
         self._row_files = row_index.checkpoint_files(cfg, self.data, rank=env.rank) if cfg.checkpoint.uri else {}
         dense = models.build_dense_model(cfg).to(env.device)
+        self.dense = dense  # unwrapped: two-tower's encode() for recall@k
+        metric, higher = cfg.best_metric
+        self.best = best.Best(metric, higher_is_better=higher, patience=cfg.evaluation.patience,
+                              metrics=sorted(cfg.eval_metrics))
+        evaluation = cfg.evaluation
+        self.word_eval = (
+            word_eval.WordEval(self.data.vocab, neighbours_of=evaluation.neighbours_of, k=evaluation.neighbours_k,
+                               analogies_uri=evaluation.analogies_uri)
+            if cfg.model.kind == "word2vec" else None
+        )
         self.masks = sparsity.Masks(cfg.sparsity, dense, seed=cfg.training.seed)
         has_params = any(True for _ in dense.parameters())  # word2vec has none: nothing for DDP to do
         self.model = DistributedDataParallel(dense) if env.distributed and has_params else dense
@@ -76,6 +88,8 @@ class Trainer:
         )
         self.skipgram = self._compiled_skipgram() if cfg.model.kind == "word2vec" else None
         self.step = 0
+        self._last_eval: dict | None = None
+        self._last_eval_step: int | None = None
         self.stop_requested = False
         self._last_saved: checkpoint.SavedCheckpoint | None = None  # the newest that landed
         self._saved_step: int | None = None  # the newest saved, landed or in flight
@@ -108,21 +122,41 @@ class Trainer:
             if self._due(self.cfg.training.log_every):
                 stats = {**window.flush(self), **self.masks.stats()}
                 self.reporter.emit(runtime.EVENT_PROGRESS, self.step, total_steps=total, **stats)
-            if self._due(self.cfg.training.eval_every) and self.step < total:
-                self.reporter.emit(runtime.EVENT_EVAL, self.step, **self.evaluate())
+            # An eval that exhausts the patience stops training early, as if at the end.
+            if self._due(self.cfg.training.eval_every) and self.step < total and self.evaluate_and_keep_best():
+                break
             if stop:
                 self.save(wait=True)
                 return runtime.EXIT_STOPPED  # the platform starts it again; it resumes from this checkpoint
             if self._due(self.cfg.checkpoint.every_steps) and self.step < total:
                 self.save()
             self._report_saves(wait=False)
-        result = self.evaluate()
-        self.reporter.emit(runtime.EVENT_EVAL, self.step, **result)
+        if self._last_eval_step != self.step:  # not just evaluated (an early stop did)
+            self.evaluate_and_keep_best()
+        last = self._last_eval
         self.save(wait=True)
-        self.reporter.emit(
-            runtime.EVENT_DONE, self.step, eval=result, checkpoint=self._last_saved.uri if self._last_saved else None
-        )
+        last_uri = self._last_saved.uri if self._last_saved else None
+        if self.cfg.evaluation.keep_best and self.best.best_step is not None:
+            # The job's result is its best eval and that checkpoint; the last is kept beside it.
+            best_uri = self.checkpointer.step_uri(self.best.best_step) if self.checkpointer else None
+            self.reporter.emit(runtime.EVENT_DONE, self.step, eval=self.best.result(), checkpoint=best_uri,
+                               best_step=self.best.best_step, last_eval=last, last_checkpoint=last_uri,
+                               stopped_early=self.step < total)
+        else:
+            self.reporter.emit(runtime.EVENT_DONE, self.step, eval=last, checkpoint=last_uri,
+                               stopped_early=self.step < total)
         return 0
+
+    def evaluate_and_keep_best(self) -> bool:
+        """Evaluate, report, and save a checkpoint when the eval is the best yet; whether patience ran out."""
+        result = self.evaluate()
+        self._last_eval, self._last_eval_step = result, self.step
+        improved = self.best.update(self.step, result)
+        self.reporter.emit(runtime.EVENT_EVAL, self.step, best=improved, **result)
+        if improved and self.cfg.evaluation.keep_best and self.checkpointer:
+            self.save()
+            self.checkpointer.pinned_step = self.step  # keep-K never deletes it
+        return self.best.should_stop
 
     def close(self) -> None:
         """Wait for the checkpoint writer's thread to end (before the process groups are destroyed)."""
@@ -171,6 +205,8 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
         scores, labels = [], []
+        retrieval = "recall_at_k" in self.cfg.eval_metrics
+        encoded: list[tuple[torch.Tensor, ...]] = []  # two-tower: (user, item, item bias) for recall@k
         for batch in _until_all_ranks_done(
             self.data.eval_batches(), self.embeddings.exchanges, self.env.device
         ):
@@ -181,16 +217,35 @@ class Trainer:
             pooled = self.embeddings(batch)
             with self._autocast():
                 scores.append(self.model(batch.dense, pooled).float())
+                if retrieval:
+                    encoded.append(tuple(t.float() for t in self.dense.encode(pooled)[:3]))
             labels.append(batch.labels)
         self.embeddings.discard_lookup()
         self.model.train()
         empty = torch.empty(0, device=self.env.device)
         scores_t, labels_t = (torch.cat(x) if x else empty for x in (scores, labels))
-        return self.task.evaluate(_gather(scores_t), _gather(labels_t))
+        labels_all = _gather(labels_t)
+        result = self.task.evaluate(_gather(scores_t), labels_all)
+        if retrieval:
+            model, dim = self.cfg.model, self.cfg.embeddings.tables[0].embedding_dim
+            width = model.tower_mlp[-1] if model.tower_mlp else dim - int(model.biases)
+            # Every rank gathers, with or without eval rows of its own (all_gather is collective).
+            user, item = (_gather(torch.cat([e[j] for e in encoded]).reshape(-1) if encoded else empty).view(-1, width)
+                          for j in (0, 1))
+            item_bias = _gather(torch.cat([e[2] for e in encoded]) if encoded else empty)
+            result["recall_at_k"] = metrics.recall_at_k(user, item, item_bias, labels_all,
+                                                        self.cfg.evaluation.recall_k)
+        if self.word_eval is not None:
+            center = next(t.name for t in self.cfg.embeddings.tables if "center" in t.features)
+            result.update(self.word_eval(self.embeddings.full_weight(center)))
+        return result
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
-        state = {"embeddings": self.embeddings.state_dict(), "trainer": {"step": torch.tensor(self.step)}}
+        state = {
+            "embeddings": self.embeddings.state_dict(),
+            "trainer": {"step": torch.tensor(self.step), "best": self.best.state_dict()},
+        }
         if masks := self.masks.state_dict():
             state["sparsity"] = masks
         if self.optimizer is not None:
@@ -212,6 +267,8 @@ class Trainer:
                 optim_state_dict=state["optimizer"],
             )
         self.step = int(state["trainer"]["step"])
+        if self.cfg.evaluation.keep_best:
+            self.checkpointer.pinned_step = self.best.best_step
         # The restored checkpoint already holds this step: a run resumed at its end must not rewrite it.
         self._last_saved = checkpoint.SavedCheckpoint(step, self.checkpointer.step_uri(step), 0, 0.0)
         self._saved_step = step

@@ -37,9 +37,14 @@ class Export:
     table: str
 
 
-def find_checkpoint(spec: JobSpec, step: int | None = None) -> checkpoints.CheckpointRead:
+def find_checkpoint(spec: JobSpec, step: int | None = None, *, preferred: int | None = None
+                    ) -> checkpoints.CheckpointRead:
+    """The complete checkpoint at `step`; without one, `preferred` (the job's result: its best eval's) while it
+    exists, else the latest."""
     uri = spec.trainer.checkpoint.uri
     found = checkpoints.list_checkpoints(uri) if uri else []
+    if step is None and preferred is not None and any(c.step == preferred for c in found):
+        step = preferred
     if step is not None:
         found = [c for c in found if c.step == step]
     if not found:
@@ -57,10 +62,11 @@ def _exporter():
     return export
 
 
-def export_file(spec: JobSpec, *, job_id: str, fmt: str, table: str | None, step: int | None) -> Export:
+def export_file(spec: JobSpec, *, job_id: str, fmt: str, table: str | None, step: int | None,
+                preferred: int | None = None) -> Export:
     """Write the export to a temporary file (so its size is known before the first byte is sent)."""
     export = _exporter()
-    checkpoint = find_checkpoint(spec, step)
+    checkpoint = find_checkpoint(spec, step, preferred=preferred)
     rows = export.read_table(checkpoint.uri, table)
     fd, path = tempfile.mkstemp(prefix="kembed-export-", suffix=export.SUFFIXES[fmt])
     try:
@@ -82,10 +88,11 @@ def _cached_table(step_uri: str, table: str | None):
     return _exporter().read_table(step_uri, table)
 
 
-def nearest(spec: JobSpec, *, word: str, k: int, table: str | None) -> tuple[int, str, list[tuple[str, float]]]:
-    """(checkpoint step, table, [(key, cosine similarity)]) from the latest complete checkpoint."""
+def nearest(spec: JobSpec, *, word: str, k: int, table: str | None, preferred: int | None = None,
+            ) -> tuple[int, str, list[tuple[str, float]]]:
+    """(checkpoint step, table, [(key, cosine similarity)]) from the job's result checkpoint, else the latest."""
     export = _exporter()
-    checkpoint = find_checkpoint(spec)
+    checkpoint = find_checkpoint(spec, preferred=preferred)
     with _tables_lock:
         rows = _cached_table(checkpoint.uri, table)
     return checkpoint.step, rows.name, export.neighbours(rows, word, k)

@@ -196,6 +196,11 @@ def _export_failure(error: Exception) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=message)
 
 
+def _result_step(job: Job) -> int | None:
+    """A finished job's result checkpoint (its best eval's); a running job's latest is the newest anyway."""
+    return job.checkpoint_step if JobState(job.state) is JobState.SUCCEEDED else None
+
+
 @router.get(
     "/{job_id}/export",
     response_class=FileResponse,
@@ -210,13 +215,14 @@ def export_job(
     principal: Reader,
     format: Annotated[Literal[exports.FORMATS], Query(description="parquet, word2vec-text, word2vec-binary or numpy.")],  # noqa: A002
     table: Annotated[str | None, Query(max_length=200, description="Default: word2vec's center table, else the first.")] = None,
-    step: Annotated[int | None, Query(ge=0, description="A complete checkpoint's step; default the latest.")] = None,
+    step: Annotated[int | None, Query(ge=0, description="A complete checkpoint's step; default the job's result "
+                                                          "(its best eval's) once it succeeded, else the latest.")] = None,
 ) -> FileResponse:
     with db.session() as session:
         job = _job_of(session, principal, job_id)
     try:
         made = exports.export_file(JobSpec.model_validate(job.spec), job_id=job_id, fmt=format, table=table,
-                                   step=step)
+                                   step=step, preferred=_result_step(job))
     except (exports.NoCheckpoint, exports.ExportUnavailable, ValueError) as error:
         raise _export_failure(error) from error
     return FileResponse(made.path, filename=made.filename, media_type="application/octet-stream",
@@ -238,7 +244,8 @@ def job_neighbours(
     with db.session() as session:
         job = _job_of(session, principal, job_id)
     try:
-        step, name, found = exports.nearest(JobSpec.model_validate(job.spec), word=word, k=k, table=table)
+        step, name, found = exports.nearest(JobSpec.model_validate(job.spec), word=word, k=k, table=table,
+                                            preferred=_result_step(job))
     except (exports.NoCheckpoint, exports.ExportUnavailable, ValueError) as error:
         raise _export_failure(error) from error
     return NeighboursRead(job=job_id, checkpoint_step=step, table=name, word=word,

@@ -23,8 +23,8 @@ class Task:
     def evaluate(self, scores: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         loss = self.loss(scores, labels).item()
         if self.ratings:
-            return {"rmse": loss**0.5, "loss": loss}
-        return {"auc": metrics.auc(scores, labels), "loss": loss}
+            return {"rmse": loss**0.5, "mae": (scores - labels).abs().mean().item(), "loss": loss}
+        return {"auc": metrics.auc(scores, labels), "log_loss": loss, "loss": loss}
 
 
 def build_task(cfg: config.TrainerConfig) -> Task:

@@ -24,10 +24,17 @@ class TwoTower(nn.Module):
         self.global_bias = nn.Parameter(torch.zeros(1)) if cfg.biases else None
 
     def forward(self, dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
+        user, item, item_bias, user_bias = self.encode(pooled)
+        if not self.biases:
+            return (user * item).sum(1)
+        return (user * item).sum(1) + user_bias + item_bias + self.global_bias
+
+    def encode(self, pooled: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """(user vectors, item vectors, item biases, user biases): score = u . v (+ both biases + the global one)."""
         (sparse,) = pooled  # [B, F, dim]; two_tower validates a single embedding width
         user = sparse[:, self.user_idx].sum(1)
         item = sparse[:, self.item_idx].sum(1)
         if not self.biases:
-            return (self.user_tower(user) * self.item_tower(item)).sum(1)
-        score = (self.user_tower(user[:, :-1]) * self.item_tower(item[:, :-1])).sum(1)
-        return score + user[:, -1] + item[:, -1] + self.global_bias
+            zeros = user.new_zeros(user.shape[0])
+            return self.user_tower(user), self.item_tower(item), zeros, zeros
+        return self.user_tower(user[:, :-1]), self.item_tower(item[:, :-1]), item[:, -1], user[:, -1]
