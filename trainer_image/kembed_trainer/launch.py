@@ -5,7 +5,8 @@ permanent), a crash (1, permanent) and a kill (137) or a SIGTERM checkpoint (143
 ships this file to every trainer pod in the job's ConfigMap and runs it as `python launch.py <torchrun arguments>`;
 the local backend runs it as `python -m kembed_trainer.launch <torchrun arguments>`: the same
 arguments, the same launch code (torch.distributed.run.run), but the pod then exits with
-- the first failed worker's exit code (128 + N when a signal N killed it),
+- the first failed worker's exit code (128 + N when a signal N killed it), or 2 when any worker exited 2 (bad
+  config or data: its peers then often fail only because it left, and sometimes before it is noticed),
 - 128 + N when the launcher itself got signal N (SIGTERM: the workers were asked to checkpoint and stop),
 - 0 when every worker succeeded.
 """
@@ -22,10 +23,12 @@ def main(argv=None):
     try:
         run(parse_args(argv))
     except ChildFailedError as failed:
-        rank, failure = failed.get_first_failure()
+        # 2 is kembed_trainer.runtime.EXIT_BAD_CONFIG, restated: this file runs alone in a pod's ConfigMap.
+        bad_input = sorted((r, f) for r, f in failed.failures.items() if f.exitcode == 2)
+        rank, failure = bad_input[0] if bad_input else failed.get_first_failure()
         code = failure.exitcode
         code = 128 - code if code < 0 else code  # a negative exit code is the signal that ended the worker
-        print(f"kembed launcher: rank {rank} failed first, exit code {code}", file=sys.stderr, flush=True)
+        print(f"kembed launcher: rank {rank} failed, exit code {code}", file=sys.stderr, flush=True)
         return code or 1
     except SignalException as stopped:
         print(f"kembed launcher: stopped by {signal.Signals(stopped.sigval).name}", file=sys.stderr, flush=True)
