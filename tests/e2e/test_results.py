@@ -63,8 +63,8 @@ def test_a_word2vec_job_exports_and_answers_neighbours_for_its_tenant_only(serve
             {"name": "words_out", "num_embeddings": 200, "embedding_dim": 16, "features": ["context"]},
         ]},
         data={"kind": "text", "uri": str(tmp_path / "corpus.txt"), "window": 3, "negatives": 3},
-        optimizer={"sparse": {"name": "adagrad", "lr": 0.2}},
-        training={"epochs": 1, "batch_size": 256, "threads": 1},
+        optimizer={"sparse": {"name": "sgd", "lr": 0.025, "min_lr": 0.0001}},
+        training={"epochs": 5, "batch_size": 2000, "threads": 1},
     )
     done = server.wait_terminal(server.client.submit(spec)["id"])
     assert done["state"] == "SUCCEEDED", done["message"]

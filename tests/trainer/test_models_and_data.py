@@ -208,7 +208,7 @@ def test_word2vec_tells_true_context_from_noise(tmp_path, ckpt_uri, tokenizer):
     assert recs[0]["dataset"]["vocab_size"] == (len(set(text) - set(" \n")) if tokenizer == "chars" else 200)
 
 
-def test_word2vec_epochs_count_each_kept_token_as_a_center_once(tmp_path, ckpt_uri):
+def test_word2vec_epochs_read_every_training_sentence_once(tmp_path, ckpt_uri):
     write_corpus(tmp_path / "corpus.txt")
     cfg = tiny_config(
         model={"kind": "word2vec"},
@@ -219,12 +219,13 @@ def test_word2vec_epochs_count_each_kept_token_as_a_center_once(tmp_path, ckpt_u
         data={"kind": "text", "uri": str(tmp_path / "corpus.txt"), "window": 2, "negatives": 3, "subsample": 0},
         training={"steps": None, "epochs": 2, "batch_size": 400, "log_every": 100},
     )
+    del cfg["optimizer"]  # word2vec's own (SGD, as gensim)
     code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg))
     assert code == 0, stderr
     dataset = recs[0]["dataset"]
-    # No subsampling: every training token is a center once per epoch, with window + 1 contexts on average.
-    pairs_per_step = 400 // (1 + 3)
-    assert recs[0]["total_steps"] == 2 * -(-dataset["train_tokens"] * 3 // pairs_per_step)
+    # batch_size counts corpus words: an epoch is every training token once.
+    assert recs[0]["total_steps"] == 2 * -(-dataset["train_tokens"] // 400)
+    assert recs[-1]["step"] == recs[0]["total_steps"]
     assert dataset["train_sentences"] + dataset["eval_sentences"] <= 3000
 
 

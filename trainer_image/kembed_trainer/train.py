@@ -174,7 +174,7 @@ class Trainer:
             self.cfg,
             self.data,
             self.embeddings,
-            total_steps=self.cfg.training.steps,
+            total_steps=self.total_steps,
             threads=torch.get_num_threads(),
             rank=self.env.rank,
             world_size=self.env.world_size,
@@ -184,7 +184,7 @@ class Trainer:
         if self.skipgram:
             return self.skipgram.step(self.step)
         self.embeddings.lr = sparse_optim.learning_rate(
-            self.cfg.optimizer.sparse, self.step, self.cfg.training.steps
+            self.cfg.optimizer.sparse, self.step, self.total_steps
         )
         batch = self.data.train_batch(self.step).to(self.env.device)
         pooled = self.embeddings(batch)  # tables stay float32, whatever the dense precision
