@@ -24,6 +24,7 @@ from kembed_api.client import ApiError, Client
 from kembed_api.ports import free_port
 from kembed_contract import lifecycle
 from kembed_contract.lifecycle import JobState
+from kembed_trainer import runtime
 
 # Also written by kembed_api.app; repeated here so the CLI's client commands don't import the server.
 ADMIN_TOKEN_FILE = "admin-token"
@@ -199,7 +200,7 @@ def _job_metric(job: dict[str, Any]) -> str:
     return f"{label} {value:.4f}" if isinstance(value, int | float) else "-"
 
 
-_EXPORT_SUFFIXES = {"parquet": ".parquet", "word2vec-text": ".txt", "word2vec-binary": ".bin", "numpy": ".npy"}
+_EXPORT_SUFFIXES = runtime.EXPORT_FORMATS
 
 
 @app.command()

@@ -28,13 +28,13 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-from kembed_trainer import embedding, row_index
+from kembed_trainer import embedding, row_index, runtime
 from kembed_trainer.data.table import hash_string
 
 __all__ = ["FORMATS", "SUFFIXES", "ExportError", "TableRows", "neighbours", "read_table", "write"]
 
-FORMATS = ("parquet", "word2vec-text", "word2vec-binary", "numpy")
-SUFFIXES = {"parquet": ".parquet", "word2vec-text": ".txt", "word2vec-binary": ".bin", "numpy": ".npy"}
+FORMATS = tuple(runtime.EXPORT_FORMATS)
+SUFFIXES = runtime.EXPORT_FORMATS
 _CHUNK_ROWS = 8192
 
 

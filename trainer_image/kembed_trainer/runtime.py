@@ -33,6 +33,7 @@ __all__ = [
     "EVENT_STARTED",
     "EXIT_BAD_CONFIG",
     "EXIT_OK",
+    "EXPORT_FORMATS",
     "EXIT_STOPPED",
     "MAX_TERMINATION_MESSAGE_BYTES",
     "OPTIMIZER_STATE_FLOATS",
@@ -104,6 +105,9 @@ def step_of_dir(name: str) -> int | None:
     match = _STEP_DIR.match(name)
     return int(match.group(1)) if match else None
 
+
+# ---- exports: format -> file suffix (kembed_trainer.export writes them; the API and the CLI offer them) --------
+EXPORT_FORMATS = {"parquet": ".parquet", "word2vec-text": ".txt", "word2vec-binary": ".bin", "numpy": ".npy"}
 
 # ---- sparse-optimizer state, in floats per embedding element ------------------------------------------------
 # adagrad keeps one accumulator per element, row-wise adagrad one per row, adam two moments per element.

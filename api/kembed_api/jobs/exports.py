@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 from kembed_api import checkpoints
 from kembed_api.spec import JobSpec
+from kembed_trainer import runtime
 
 __all__ = ["Export", "ExportUnavailable", "NoCheckpoint", "export_file", "find_checkpoint", "nearest"]
 
-FORMATS = ("parquet", "word2vec-text", "word2vec-binary", "numpy")
+FORMATS = tuple(runtime.EXPORT_FORMATS)
 
 
 class NoCheckpoint(LookupError):
