@@ -1,5 +1,6 @@
-"""Each model kind, with its example's settings, on a real data set of its kind, against a well-known baseline run
-on the same split in the same test (data from installed packages: tests/real_data.py)."""
+"""The ratings and clicks examples' settings on real data sets of their kind, against well-known baselines run on
+the same split in the same test (data from installed packages: tests/real_data.py). word2vec against gensim on
+gensim's corpus is benchmarks/word2vec.py's."""
 
 from __future__ import annotations
 
@@ -103,57 +104,3 @@ def test_dlrm_matches_logistic_regression_on_the_adult_census(tmp_path: pathlib.
     assert 0.88 < baseline_auc < 0.93  # the Adult census's well-known range for a linear model
     assert kembed_auc > baseline_auc - 0.01, (kembed_auc, baseline_auc)
 
-
-def held_out_pair_auc(lines: list[list[str]], vocab: list[str], vectors_in: np.ndarray, vectors_out: np.ndarray,
-                      common: set[str], noise_words: list[str], noise_p: np.ndarray) -> float:
-    """AUC of held-out (center, context) pairs (contexts within 5 words) against 5 noise words per pair, scored by
-    dot(input vector of the center, output vector of the other) as skip-gram scores them."""
-    row = {w: i for i, w in enumerate(vocab)}
-    rng = np.random.default_rng(1)
-    centers, others, labels = [], [], []
-    for tokens in lines:
-        kept = [t for t in tokens if t in common]
-        for i, center in enumerate(kept):
-            for context in kept[max(0, i - 5): i] + kept[i + 1: i + 6]:
-                noise = rng.choice(len(noise_words), 5, p=noise_p)
-                centers += [center] * 6
-                others += [context, *(noise_words[j] for j in noise)]
-                labels += [1, 0, 0, 0, 0, 0]
-    scores = np.einsum("ij,ij->i", vectors_in[[row[c] for c in centers]], vectors_out[[row[o] for o in others]])
-    return float(roc_auc_score(labels, scores))
-
-
-def test_word2vec_is_as_good_as_gensim_on_the_lee_corpus(tmp_path: pathlib.Path):
-    from gensim.models import Word2Vec
-
-    from kembed_trainer import export
-
-    lines = [line.split() for line in real_data.lee_corpus().read_text(encoding="utf-8").splitlines() if line.split()]
-    held_out = np.random.default_rng(0).random(len(lines)) < 0.1
-    train_lines = [t for t, h in zip(lines, held_out, strict=True) if not h]
-    test_lines = [t for t, h in zip(lines, held_out, strict=True) if h]
-    (tmp_path / "train.txt").write_text("\n".join(" ".join(t) for t in train_lines) + "\n", encoding="utf-8")
-
-    cfg = example("word2vec.yaml")
-    for table in cfg["embeddings"]["tables"]:
-        table["embedding_dim"] = 50
-    cfg["data"].update(uri=str(tmp_path / "train.txt"), eval_fraction=0.0)
-    cfg["evaluation"] = {"neighbours_of": ["australia"], "keep_best": False}
-    cfg["training"]["threads"] = 1
-    cfg["checkpoint"] = {"uri": f"file://{tmp_path}/ckpt"}
-    code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg), timeout=600)
-    assert code == 0, stderr
-    step = recs[-1]["checkpoint"]
-    words_in, words_out = export.read_table(step, "words_in"), export.read_table(step, "words_out")
-
-    gensim_model = Word2Vec(train_lines, vector_size=50, window=5, negative=5, min_count=5, sample=1e-3, epochs=5,
-                            sg=1, workers=1, seed=0)
-    gensim_vocab = list(gensim_model.wv.index_to_key)
-    assert set(gensim_vocab) == set(words_in.keys)  # the same words survive min_count
-    common = set(gensim_vocab)
-    counts = np.array([gensim_model.wv.get_vecattr(w, "count") for w in gensim_vocab], dtype=np.float64) ** 0.75
-    args = (test_lines, common, gensim_vocab, counts / counts.sum())
-    kembed_auc = held_out_pair_auc(args[0], words_in.keys, words_in.vectors, words_out.vectors, *args[1:])
-    gensim_auc = held_out_pair_auc(args[0], gensim_vocab, gensim_model.wv.vectors, gensim_model.syn1neg, *args[1:])
-    assert gensim_auc > 0.7
-    assert kembed_auc > gensim_auc - 0.03, (kembed_auc, gensim_auc)
