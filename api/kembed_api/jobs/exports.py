@@ -1,6 +1,6 @@
 """A job's embeddings as a file, and nearest neighbours, from one of its complete checkpoints.
 
-The checkpoint is found under the folder the job's spec names (never a URI a trainer reported), so a tenant reads
+The checkpoint is found under the folder the job's stored spec names (never a URI a trainer reported), so a tenant reads
 only its own job's checkpoints. Reading DCP needs torch: the embedded default has it; a platform image without
 it answers that export needs the trainer's dependencies (`ExportUnavailable`).
 """
@@ -14,7 +14,6 @@ import threading
 from dataclasses import dataclass
 
 from kembed_api import checkpoints
-from kembed_api.spec import JobSpec
 from kembed_trainer import runtime
 
 __all__ = ["Export", "ExportUnavailable", "NoCheckpoint", "export_file", "find_checkpoint", "nearest"]
@@ -38,11 +37,10 @@ class Export:
     table: str
 
 
-def find_checkpoint(spec: JobSpec, step: int | None = None, *, preferred: int | None = None
+def find_checkpoint(uri: str | None, step: int | None = None, *, preferred: int | None = None
                     ) -> checkpoints.CheckpointRead:
     """The complete checkpoint at `step`; without one, `preferred` (the job's result: its best eval's) while it
     exists, else the latest."""
-    uri = spec.trainer.checkpoint.uri
     found = checkpoints.list_checkpoints(uri) if uri else []
     if step is None and preferred is not None and any(c.step == preferred for c in found):
         step = preferred
@@ -63,11 +61,11 @@ def _exporter():
     return export
 
 
-def export_file(spec: JobSpec, *, job_id: str, fmt: str, table: str | None, step: int | None,
+def export_file(uri: str | None, *, job_id: str, fmt: str, table: str | None, step: int | None,
                 preferred: int | None = None) -> Export:
     """Write the export to a temporary file (so its size is known before the first byte is sent)."""
     export = _exporter()
-    checkpoint = find_checkpoint(spec, step, preferred=preferred)
+    checkpoint = find_checkpoint(uri, step, preferred=preferred)
     rows = export.read_table(checkpoint.uri, table)
     fd, path = tempfile.mkstemp(prefix="kembed-export-", suffix=export.SUFFIXES[fmt])
     try:
@@ -89,11 +87,11 @@ def _cached_table(step_uri: str, table: str | None):
     return _exporter().read_table(step_uri, table)
 
 
-def nearest(spec: JobSpec, *, word: str, k: int, table: str | None, preferred: int | None = None,
+def nearest(uri: str | None, *, word: str, k: int, table: str | None, preferred: int | None = None,
             ) -> tuple[int, str, list[tuple[str, float]]]:
     """(checkpoint step, table, [(key, cosine similarity)]) from the job's result checkpoint, else the latest."""
     export = _exporter()
-    checkpoint = find_checkpoint(spec, preferred=preferred)
+    checkpoint = find_checkpoint(uri, preferred=preferred)
     with _tables_lock:
         rows = _cached_table(checkpoint.uri, table)
     return checkpoint.step, rows.name, export.neighbours(rows, word, k)

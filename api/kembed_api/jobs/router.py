@@ -221,7 +221,7 @@ def export_job(
     with db.session() as session:
         job = _job_of(session, principal, job_id)
     try:
-        made = exports.export_file(JobSpec.model_validate(job.spec), job_id=job_id, fmt=format, table=table,
+        made = exports.export_file(job_checkpoint_uri(job.spec), job_id=job_id, fmt=format, table=table,
                                    step=step, preferred=_result_step(job))
     except (exports.NoCheckpoint, exports.ExportUnavailable, ValueError) as error:
         raise _export_failure(error) from error
@@ -244,7 +244,7 @@ def job_neighbours(
     with db.session() as session:
         job = _job_of(session, principal, job_id)
     try:
-        step, name, found = exports.nearest(JobSpec.model_validate(job.spec), word=word, k=k, table=table,
+        step, name, found = exports.nearest(job_checkpoint_uri(job.spec), word=word, k=k, table=table,
                                             preferred=_result_step(job))
     except (exports.NoCheckpoint, exports.ExportUnavailable, ValueError) as error:
         raise _export_failure(error) from error

@@ -1,15 +1,15 @@
 """jobs.dataset: the training data's size as the trainer read it (rows, sentences, tokens, vocabulary)
 
-Revision ID: 0012
-Revises: 0011
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-12-01 15:40:00
 """
 import sqlalchemy as sa
 from alembic import op
 
 
-revision = '0012'
-down_revision = '0011'
+revision = '0013'
+down_revision = '0012'
 branch_labels = None
 depends_on = None
 
