@@ -32,6 +32,7 @@ from enum import StrEnum
 
 __all__ = [
     "ACTIVE_STATES",
+    "FIRST_STATES",
     "TERMINAL_STATES",
     "TRANSITIONS",
     "Failure",
@@ -86,10 +87,14 @@ class InvalidTransition(RuntimeError):
     """A move the lifecycle does not allow: a bug in the caller."""
 
 
+# A job with no state yet: stored by the API (QUEUED), a resource the operator sees for the first time
+# (ADMITTED), or a resource whose spec the operator refuses before it ever ran (FAILED, reason InvalidSpec).
+FIRST_STATES = frozenset({JobState.QUEUED, JobState.ADMITTED, JobState.FAILED})
+
+
 def check_transition(current: JobState | None, new: JobState, *, job: str = "job") -> None:
-    """Raise InvalidTransition unless `new` may follow `current` (None: the job has no state yet, e.g. a
-    resource the operator sees for the first time, which starts ADMITTED)."""
-    allowed = frozenset({JobState.QUEUED, JobState.ADMITTED}) if current is None else TRANSITIONS[current]
+    """Raise InvalidTransition unless `new` may follow `current` (None: the job has no state yet)."""
+    allowed = FIRST_STATES if current is None else TRANSITIONS[current]
     if new not in allowed:
         raise InvalidTransition(f"{job}: {current} -> {new} is not allowed")
 

@@ -14,6 +14,7 @@ from kembed_contract.lifecycle import JobState
     pytest.param(JobState.RESTARTING, JobState.RUNNING, id="restarted-gang-runs"),
     pytest.param(JobState.ADMITTED, JobState.SUCCEEDED, id="gang-finished-between-two-looks"),
     pytest.param(None, JobState.ADMITTED, id="a-new-resource-starts-admitted"),
+    pytest.param(None, JobState.FAILED, id="a-new-resource-with-an-invalid-spec-fails-at-once"),
 ])
 def test_allowed_moves(current, new):
     lifecycle.check_transition(current, new)
@@ -24,6 +25,7 @@ def test_allowed_moves(current, new):
     pytest.param(JobState.QUEUED, JobState.RUNNING, id="no-running-without-admission"),
     pytest.param(JobState.SUCCEEDED, JobState.RUNNING, id="terminal-is-terminal"),
     pytest.param(JobState.CANCELLED, JobState.QUEUED, id="cancelled-is-terminal"),
+    pytest.param(None, JobState.RUNNING, id="nothing-runs-before-it-is-admitted"),
 ])
 def test_refused_moves(current, new):
     with pytest.raises(lifecycle.InvalidTransition, match=f"{current} -> {new}"):
