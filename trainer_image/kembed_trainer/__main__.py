@@ -1,19 +1,24 @@
 """`python -m kembed_trainer --config PATH_OR_URI`, alone or under torchrun.
 
 Exit codes (kembed_trainer.runtime): 0 done; 2 bad input, the config or the data (one line naming the field or
-the column, also written to the termination log); 143 stopped by SIGTERM after a checkpoint.
+the column, also written to the termination log), a URI outside the storage policy included; 143 stopped by
+SIGTERM after a checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from kembed_trainer import config, runtime
+from kembed_trainer import config, runtime, storage, storage_policy
 
 # What bad data raises: a ValueError by convention (pyarrow's parse errors and bad UTF-8 are ValueErrors too), or
 # a data file that is not there.
 _BAD_DATA = (ValueError, FileNotFoundError)
+# A URI outside the launcher's storage policy, found in the config or while running (a file a folder or glob
+# turned up, a checkpoint step folder): as final as a bad config.
+_DENIED = (storage_policy.StorageDenied, storage_policy.UriError)
 
 
 def _bad_input(message: str) -> int:
@@ -32,6 +37,12 @@ def main(argv: list[str] | None = None) -> int:
         return _bad_input(f"config error: {config.format_validation_error(exc)}")
     except (OSError, ValueError) as exc:  # unreadable file, YAML syntax, not a mapping
         return _bad_input(f"config error: {exc}".splitlines()[0])
+    try:
+        # The launcher's policy, whoever wrote the config: every URI canonical and allowed before anything runs.
+        guard = storage.Guard.from_env()
+        storage_policy.canonicalize_fields(cfg, guard.policy, cwd=os.getcwd())
+    except (*_DENIED, ValueError) as exc:
+        return _bad_input(f"config error: {exc}".splitlines()[0])
 
     # Heavy imports only after the config is known to be good, so a typo fails in milliseconds.
     from kembed_trainer import dist, report, train
@@ -40,13 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     reporter = report.Reporter.from_env(enabled=env.is_main)
     code = None
     try:
-        trainer = train.Trainer(cfg, env, reporter)
+        trainer = train.Trainer(cfg, env, reporter, guard=guard)
         try:
             code = trainer.train()
             return code
         finally:
             trainer.close()
             del trainer  # with it the last references to the process groups, which teardown destroys
+    except _DENIED as exc:
+        return _bad_input(f"storage error: {exc}".splitlines()[0])
     except _BAD_DATA as exc:
         return _bad_input(f"data error: {exc}".splitlines()[0])
     except Exception as exc:

@@ -4,6 +4,9 @@ Every rank writes its part of a step folder; once DCP has written its metadata, 
 marker. Only folders with the marker are ever loaded, so a save cut short (SIGKILL, node loss) costs only that
 save. DCP keys tensors by name, so a checkpoint written by N ranks loads on M.
 
+Every folder is checked against the storage policy (kembed_trainer.storage) just before it is listed, written,
+loaded or deleted, as its real path: a step folder that is a symlink to somewhere else is refused, not followed.
+
 Saves are asynchronous: `save` copies the state (training goes on changing the originals) and hands the copy
 to a background thread, which writes it over a process group of its own (so its collectives never interleave
 with training's). Training waits only for the copy, and for a previous save still in flight.
@@ -12,7 +15,6 @@ with training's). Training waits only for the copy, and for a previous save stil
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import warnings
@@ -20,7 +22,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -28,16 +29,11 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
 from kembed_trainer import runtime
+from kembed_trainer.storage import Guard
 
-__all__ = ["Checkpointer", "SavedCheckpoint", "normalize_uri"]
+__all__ = ["Checkpointer", "SavedCheckpoint"]
 
-
-
-def normalize_uri(uri: str) -> str:
-    """A plain path becomes an absolute `file://` URI, so records always carry a URI."""
-    if "://" in uri:
-        return uri.rstrip("/")
-    return "file://" + os.path.abspath(uri)
+_WHERE = "checkpoint.uri"
 
 
 @dataclass(frozen=True)
@@ -50,11 +46,12 @@ class SavedCheckpoint:
 
 
 class Checkpointer:
-    def __init__(self, uri: str, *, keep: int, is_main: bool) -> None:
-        self.uri = normalize_uri(uri)
+    def __init__(self, uri: str, *, keep: int, is_main: bool, guard: Guard) -> None:
+        self.guard = guard
+        self.uri = guard.writable(uri, where=_WHERE)  # canonical: records always carry a full URI
         self.keep = keep
         self.is_main = is_main
-        self.fs, self.root = fsspec.core.url_to_fs(self.uri)
+        self.fs, self.root = guard.fs(self.uri)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         self._inflight: Future[SavedCheckpoint] | None = None
         self._landed: list[SavedCheckpoint] = []
@@ -65,10 +62,17 @@ class Checkpointer:
     def step_uri(self, step: int) -> str:
         return f"{self.uri}/{runtime.step_dir(step)}"
 
+    def _checked_step(self, step: int, *, write: bool) -> str:
+        """The step folder's path, once the policy allows it where it really is (it may have become a symlink)."""
+        uri = self.step_uri(step)
+        where = f"{_WHERE} ({runtime.step_dir(step)})"
+        canonical = self.guard.writable(uri, where=where) if write else self.guard.readable(uri, where=where)
+        return self.guard.fs(canonical)[1]
+
     def complete_steps(self) -> list[int]:
         """Steps with a complete checkpoint, newest first."""
-        marker = runtime.CHECKPOINT_MARKER
-        return [s for s in self._listed_steps() if self.fs.exists(f"{self.root}/{runtime.step_dir(s)}/{marker}")]
+        return [s for s in self._listed_steps()
+                if self.fs.exists(f"{self._checked_step(s, write=False)}/{runtime.CHECKPOINT_MARKER}")]
 
     def save(self, step: int, state: dict[str, Any], files: dict[str, bytes] | None = None) -> None:
         """Start saving `state` as step `step`; `poll` or `wait` tell when it landed. Collective.
@@ -78,7 +82,7 @@ class Checkpointer:
         """
         start = time.perf_counter()
         self._landed += self._finish()  # one save at a time
-        path = f"{self.root}/{runtime.step_dir(step)}"
+        path = self._checked_step(step, write=True)
         if self.is_main and self.fs.exists(path):
             self.fs.rm(path, recursive=True)  # a partial save of this step from an earlier attempt
         _barrier()
@@ -111,7 +115,7 @@ class Checkpointer:
     def _write(
         self, step: int, staged: dict[str, Any], files: dict[str, bytes], start: float, blocked: float
     ) -> SavedCheckpoint:
-        path = f"{self.root}/{runtime.step_dir(step)}"
+        path = self._checked_step(step, write=True)
         for name, content in files.items():  # before DCP's collective save, so before rank 0's marker
             self.fs.makedirs(f"{path}/{name}".rsplit("/", 1)[0], exist_ok=True)
             self.fs.pipe_file(f"{path}/{name}", content)
@@ -138,14 +142,18 @@ class Checkpointer:
         """
         steps = self.complete_steps()
         for step in steps:
+            path = self._checked_step(step, write=False)
+            for file in self.fs.find(path):  # a file of the folder may be a symlink too
+                self.guard.readable(self.guard.uri_of(self.fs, file), where=f"{_WHERE} ({runtime.step_dir(step)})")
             try:
                 with warnings.catch_warnings():
                     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
                     dcp.load(state, storage_reader=FsspecReader(self.step_uri(step)))
                 return step
             except (Exception, CheckpointException) as exc:  # noqa: BLE001 - any unreadable one is skipped
+                # The error's type only: its message may quote the bytes it could not read.
                 print(
-                    f"checkpoint {self.step_uri(step)} unreadable, trying an older one: {exc}",
+                    f"checkpoint {self.step_uri(step)} unreadable ({type(exc).__name__}), trying an older one",
                     file=sys.stderr,
                 )
         if steps:
@@ -153,9 +161,10 @@ class Checkpointer:
         return None
 
     def _listed_steps(self) -> list[int]:
-        self.fs.invalidate_cache(self.root)
+        root = self.guard.fs(self.guard.writable(self.uri, where=_WHERE))[1]  # again: it may have become a symlink
+        self.fs.invalidate_cache(root)
         try:
-            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)]
+            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(root, detail=False)]
         except FileNotFoundError:
             return []
         return sorted((s for n in names if (s := runtime.step_of_dir(n)) is not None), reverse=True)
@@ -170,7 +179,7 @@ class Checkpointer:
             kept.append(self.pinned_step)
         for step in self._listed_steps():
             if step not in kept and step < kept[0]:
-                self.fs.rm(f"{self.root}/{runtime.step_dir(step)}", recursive=True)
+                self.fs.rm(self._checked_step(step, write=True), recursive=True)
 
 
 def _copy(state: Any) -> Any:

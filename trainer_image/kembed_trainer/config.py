@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -21,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import PydanticCustomError
+
+from kembed_trainer.storage_policy import Access, check_uri_syntax
 
 __all__ = [
     "CheckpointConfig",
@@ -97,6 +100,13 @@ MAX_HOTNESS = 4096  # ids per feature per sample
 MAX_EVAL_SAMPLES = 100_000_000  # an eval's scores and labels are gathered on every rank
 MAX_BATCH = 2**22  # samples per rank per step (4M); memory is checked separately
 MAX_EPOCHS = 100_000  # passes over the training data
+# Every storage URI of the config is one of these: the Access marks it for the storage policy's checks
+# (kembed_trainer.storage_policy.uri_fields finds them), the validator refuses what has no canonical form.
+ReadUri = Annotated[Uri, AfterValidator(check_uri_syntax), Access.READ]
+OptionalReadUri = Annotated[Uri | None, AfterValidator(lambda u: u if u is None else check_uri_syntax(u)), Access.READ]
+OptionalWriteUri = Annotated[
+    Uri | None, AfterValidator(lambda u: u if u is None else check_uri_syntax(u)), Access.WRITE
+]
 
 
 class _Strict(BaseModel):
@@ -244,13 +254,13 @@ class TableDataConfig(_Strict):
     """
 
     kind: Literal["table"] = "table"
-    uri: Uri = Field(description="Training rows.")
+    uri: ReadUri = Field(description="Training rows.")
     format: Literal["auto", "parquet", "csv", "tsv"] = Field("auto", description="auto = from the extension.")
     label: Name = Field(description="Label column: 0/1 clicks, or ratings.")
     dense: list[Name] = Field([], max_length=4096, description="Float feature columns, in the model's order.")
     sparse: dict[Name, Name] = Field(max_length=1024, description="Sparse feature name -> column.")
     multi_hot_separator: str = Field("|", min_length=1, max_length=8)
-    eval_uri: Uri | None = Field(None, description="Held-out rows; without it `eval_fraction` of the rows.")
+    eval_uri: OptionalReadUri = Field(None, description="Held-out rows; without it `eval_fraction` of the rows.")
     eval_fraction: Fraction = 0.1
 
     @property
@@ -267,7 +277,7 @@ class TextDataConfig(_Strict):
     """
 
     kind: Literal["text"] = "text"
-    uri: Uri
+    uri: ReadUri
     tokenizer: Literal["whitespace", "chars"] = "whitespace"
     min_count: PositiveInt = 1
     window: _int(1, 1000) = Field(5, description="Context words on each side of the center word.")
@@ -353,20 +363,13 @@ class TrainingConfig(_Strict):
 
 
 class CheckpointConfig(_Strict):
-    uri: Uri | None = Field(
+    uri: OptionalWriteUri = Field(
         None, description="Folder URI (`file://...` or `s3://...`, or a plain path); `step-N/` go under it."
     )
     every_steps: Count = Field(
         0, description="Steps between checkpoints; 0 = only the final (and on SIGTERM)."
     )
     keep: _int(1, 10_000) = Field(3, description="Complete checkpoints kept; older ones are deleted.")
-
-    @field_validator("uri")
-    @classmethod
-    def _known_scheme(cls, uri: str | None) -> str | None:
-        if uri is not None and "://" in uri and not uri.startswith(("file://", "s3://")):
-            raise ValueError(f"only file:// and s3:// are supported, got {uri!r}")
-        return uri
 
 
 # Metrics an evaluation reports, and which way is better (the best checkpoint and early stopping use it).

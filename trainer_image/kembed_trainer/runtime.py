@@ -4,7 +4,7 @@ import it without torch.
 
 - exit codes of `python -m kembed_trainer` (and of the launcher, kembed_trainer.launch, which passes the first
   failed rank's own code through instead of torchrun's blanket 1);
-- the environment a trainer reads (`KEMBED_REPORT_*`, `KEMBED_JOB_ID`, `KEMBED_TERMINATION_LOG`);
+- the environment a trainer reads (`KEMBED_REPORT_*`, `KEMBED_JOB_ID`, `KEMBED_TERMINATION_LOG`, `KEMBED_STORAGE_POLICY`);
 - the termination log: where a failing trainer writes its one-line reason, so the job's message is that reason;
 - the names of the records rank 0 reports (JSON lines on stdout, POSTed to the API);
 - the checkpoint layout: `<uri>/step-N/`, counting only once its `COMPLETE` marker exists;
@@ -26,6 +26,7 @@ __all__ = [
     "ENV_REPORT_TOKEN",
     "ENV_REPORT_URL",
     "ENV_TERMINATION_LOG",
+    "ENV_STORAGE_POLICY",
     "EVENT_CHECKPOINT",
     "EVENT_DONE",
     "EVENT_EVAL",
@@ -56,6 +57,9 @@ EXIT_STOPPED = 128 + signal.SIGTERM  # 143: stopped by SIGTERM after saving a ch
 ENV_JOB_ID = "KEMBED_JOB_ID"  # the API's job id (log lines, process lookup after a server restart)
 ENV_REPORT_URL = "KEMBED_REPORT_URL"  # where rank 0 POSTs its records; unset: stdout only
 ENV_REPORT_TOKEN = "KEMBED_REPORT_TOKEN"  # the per-job bearer token for those POSTs
+# The tenant's storage policy as JSON (kembed_trainer.storage_policy), set by the launcher, never by the config;
+# unset: a trainer run by hand, not limited.
+ENV_STORAGE_POLICY = "KEMBED_STORAGE_POLICY"
 ENV_TERMINATION_LOG = "KEMBED_TERMINATION_LOG"  # a file: the first failing rank writes why; unset: nowhere
 
 # ---- termination log ----------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from kembed_trainer import (
     sparse_optim,
     sparsity,
     word_eval,
+    storage,
 )
 from kembed_trainer import dist as kdist
 
@@ -36,7 +37,10 @@ __all__ = ["Trainer"]
 
 
 class Trainer:
-    def __init__(self, cfg: config.TrainerConfig, env: kdist.Env, reporter: report.Reporter) -> None:
+    def __init__(self, cfg: config.TrainerConfig, env: kdist.Env, reporter: report.Reporter, *,
+                 guard: storage.Guard | None = None) -> None:
+        """`guard`: the storage policy every file goes through; by default the launcher's (storage_policy.POLICY_ENV)."""
+        guard = guard or storage.Guard.from_env()
         self.cfg, self.env, self.reporter = cfg, env, reporter
         torch.manual_seed(cfg.training.seed)  # the same dense init on every rank
         self.embeddings = embedding.EmbeddingCollection(
@@ -48,7 +52,8 @@ class Trainer:
             rank=env.rank,
         )
         self.task = models.build_task(cfg)
-        self.data = data.build_data(cfg, rank=env.rank, world_size=env.world_size, ratings=self.task.ratings)
+        self.data = data.build_data(cfg, rank=env.rank, world_size=env.world_size, guard=guard,
+                                    ratings=self.task.ratings)
         self.total_steps, self.dataset = self._size_up_data()
         # What each row stands for (vocabulary, hashed ids), saved with every checkpoint (row_index.py).
         self._row_files = row_index.checkpoint_files(cfg, self.data, rank=env.rank) if cfg.checkpoint.uri else {}
@@ -82,7 +87,7 @@ class Trainer:
             else None
         )
         self.checkpointer = (
-            checkpoint.Checkpointer(cfg.checkpoint.uri, keep=cfg.checkpoint.keep, is_main=env.is_main)
+            checkpoint.Checkpointer(cfg.checkpoint.uri, keep=cfg.checkpoint.keep, is_main=env.is_main, guard=guard)
             if cfg.checkpoint.uri
             else None
         )

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from kembed_trainer import config
 from kembed_trainer.data import synthetic, table, text
+from kembed_trainer.storage import Guard
 
 __all__ = ["build_data"]
 
 
-def build_data(cfg: config.TrainerConfig, *, rank: int, world_size: int, ratings: bool = False):
-    """A source with `train_batch(step) -> Batch` and `eval_batches() -> Iterator[Batch]`."""
+def build_data(cfg: config.TrainerConfig, *, rank: int, world_size: int, guard: Guard, ratings: bool = False):
+    """A source with `train_batch(step) -> Batch` and `eval_batches() -> Iterator[Batch]`; files are read
+    through `guard` (the storage policy)."""
     common = dict(  # noqa: C408 - keyword arguments shared by every source
         tables=cfg.embeddings.tables,
         seed=cfg.training.seed,
@@ -21,7 +23,7 @@ def build_data(cfg: config.TrainerConfig, *, rank: int, world_size: int, ratings
         case "synthetic":
             return synthetic.SyntheticData(cfg.data, ratings=ratings, **common)
         case "table":
-            return table.TableData(cfg.data, **common)
+            return table.TableData(cfg.data, guard=guard, **common)
         case "text":
-            return text.TextData(cfg.data, **common)
+            return text.TextData(cfg.data, guard=guard, **common)
     raise ValueError(f"data.kind: unsupported {cfg.data.kind!r}")

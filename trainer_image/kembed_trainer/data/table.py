@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,37 +20,28 @@ import torch
 from kembed_trainer import config
 from kembed_trainer.data.batch import Batch
 from kembed_trainer.data.synthetic import _generator
+from kembed_trainer.storage import Guard
 
-__all__ = ["TableData", "list_files"]
+__all__ = ["TableData"]
 
 _EVAL_CHUNK = 2048
 _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv", ".txt": "csv"}
 
 
-def list_files(uri: str) -> list[str]:
-    """The files a URI names: itself, every file of a folder, or a glob's matches; sorted, as URIs."""
-    fs, path = fsspec.core.url_to_fs(uri)
-    if any(c in path for c in "*?["):
-        paths = fs.glob(path)
-    elif fs.isdir(path):
-        paths = [p for p in fs.find(path) if not p.rsplit("/", 1)[-1].startswith((".", "_"))]
-    else:
-        paths = [path]
-    if not paths:
-        raise ValueError(f"no files at {uri}")
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return [p if protocol == "file" else f"{protocol}://{p}" for p in sorted(paths)]
-
-
-def _read(uri: str, fmt: str) -> pa.Table:
+def _read(guard: Guard, uri: str, fmt: str, *, where: str) -> pa.Table:
+    """One file as a table. Parse errors name the file and the problem, never its contents: pyarrow's messages
+    quote the offending row, and the file could be anything the job was pointed at."""
     if fmt == "auto":
         suffix = "." + uri.rsplit(".", 1)[-1].lower() if "." in uri.rsplit("/", 1)[-1] else ""
         fmt = _SUFFIXES.get(suffix, "csv")
-    with fsspec.open(uri, "rb") as f:
-        if fmt == "parquet":
-            return pq.read_table(f)
-        delimiter = "\t" if fmt == "tsv" else ","
-        return pa_csv.read_csv(f, parse_options=pa_csv.ParseOptions(delimiter=delimiter))
+    with guard.open(uri, "rb", where=where) as f:
+        try:
+            if fmt == "parquet":
+                return pq.read_table(f)
+            delimiter = "\t" if fmt == "tsv" else ","
+            return pa_csv.read_csv(f, parse_options=pa_csv.ParseOptions(delimiter=delimiter))
+        except (pa.ArrowException, ValueError, UnicodeDecodeError) as error:
+            raise ValueError(f"{where}: {uri} is not a readable {fmt} file ({type(error).__name__})") from None
 
 
 def hash_string(value: str) -> int:
@@ -71,15 +61,22 @@ class _Rows:
     """One shard's rows as tensors: dense [N, D], labels [N], and per feature CSR (offsets [N+1], values)."""
 
     def __init__(self, table: pa.Table, cfg: config.TableDataConfig, features: list[str], hashed: set[str]):
-        def column(name: str) -> pa.ChunkedArray:
+        # Messages name the configured column, never the file's own header or values (they are its contents).
+        def column(name: str, where: str) -> pa.ChunkedArray:
             if name not in table.column_names:
-                raise ValueError(f"data: column {name!r} not in the files (columns: {table.column_names})")
+                raise ValueError(f"{where}: column {name!r} is not in the files of data.uri")
             return table.column(name)
 
+        def floats(name: str, where: str) -> np.ndarray:
+            try:
+                return column(name, where).to_numpy().astype(np.float32)
+            except (pa.ArrowException, ValueError, TypeError):
+                raise ValueError(f"{where}: column {name!r} holds values that are not numbers") from None
+
         self.num_rows = table.num_rows
-        self.labels = torch.from_numpy(column(cfg.label).to_numpy().astype(np.float32))
+        self.labels = torch.from_numpy(floats(cfg.label, "data.label"))
         self.dense = torch.from_numpy(
-            np.stack([column(c).to_numpy().astype(np.float32) for c in cfg.dense], 1)
+            np.stack([floats(c, f"data.dense.{i}") for i, c in enumerate(cfg.dense)], 1)
             if cfg.dense
             else np.zeros((table.num_rows, 0), np.float32)
         )
@@ -88,7 +85,7 @@ class _Rows:
         # record of which raw id landed in which row.
         self.raw_ids: dict[str, tuple[list[str], np.ndarray]] = {}
         for feature in features:
-            col = column(cfg.sparse[feature]).combine_chunks()
+            col = column(cfg.sparse[feature], f"data.sparse.{feature}").combine_chunks()
             if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
                 col = pc.split_pattern(col, cfg.multi_hot_separator)
             if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
@@ -141,14 +138,16 @@ class TableData:
         batch_size: int,
         rank: int,
         world_size: int,
+        guard: Guard,
     ) -> None:
         self.seed, self.batch_size, self.rank = seed, batch_size, rank
         features = [f for t in sorted(tables, key=lambda t: t.embedding_dim) for f in t.features]
         hashed = {f for t in tables if t.hash_ids for f in t.features}
         # With an eval file every row of the training files trains; eval_fraction applies only without one.
-        train, held_out = self._shard(cfg.uri, cfg, rank, world_size, split=not cfg.eval_uri)
+        train, held_out = self._shard(guard, cfg.uri, cfg, rank, world_size, split=not cfg.eval_uri,
+                                      where="data.uri")
         if cfg.eval_uri:
-            held_out = self._shard(cfg.eval_uri, cfg, rank, world_size, split=False)[0]
+            held_out = self._shard(guard, cfg.eval_uri, cfg, rank, world_size, split=False, where="data.eval_uri")[0]
         if train.num_rows == 0:
             raise ValueError(f"data.uri: rank {rank} got no training rows from {cfg.uri}")
         self.train = _Rows(train, cfg, features, hashed)
@@ -156,11 +155,14 @@ class TableData:
         self._perm: tuple[int, torch.Tensor] | None = None
 
     @staticmethod
-    def _shard(uri, cfg, rank, world_size, split=True) -> tuple[pa.Table, pa.Table]:
-        files = list_files(uri)
+    def _shard(guard, uri, cfg, rank, world_size, split=True, *, where: str) -> tuple[pa.Table, pa.Table]:
+        files = guard.list_files(uri, where=where)
         mine = files[rank::world_size] if len(files) >= world_size else files
-        parts = [_read(f, cfg.format) for f in mine]
-        table = pa.concat_tables(parts, promote_options="default")
+        parts = [_read(guard, f, cfg.format, where=where) for f in mine]
+        try:
+            table = pa.concat_tables(parts, promote_options="default")
+        except pa.ArrowException:
+            raise ValueError(f"{where}: the files do not share one set of columns and types") from None
         if len(files) < world_size:
             table = table.take(pa.array(np.arange(rank, table.num_rows, world_size)))
         if not split or cfg.eval_fraction == 0:

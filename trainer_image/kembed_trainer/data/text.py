@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import collections
 
-import fsspec
 import numpy as np
 import torch
 
 from kembed_trainer import config
 from kembed_trainer.data.batch import Batch
 from kembed_trainer.data.synthetic import _generator
-from kembed_trainer.data.table import _unit_hash, list_files
+from kembed_trainer.data.table import _unit_hash
+from kembed_trainer.storage import Guard
 
 __all__ = ["TextData", "tokenize"]
 
@@ -57,14 +57,18 @@ class TextData:
         batch_size: int,
         rank: int,
         world_size: int,
+        guard: Guard,
     ) -> None:
         self.cfg, self.seed, self.rank, self.world_size = cfg, seed, rank, world_size
         self.features = [f for t in sorted(tables, key=lambda t: t.embedding_dim) for f in t.features]
         max_vocab = min(t.num_embeddings for t in tables)
         sentences = []
-        for uri in list_files(cfg.uri):
-            with fsspec.open(uri, "r", encoding="utf-8") as f:
-                sentences.extend(tokens for line in f if (tokens := tokenize(line, cfg.tokenizer)))
+        for uri in guard.list_files(cfg.uri, where="data.uri"):
+            with guard.open(uri, "r", where="data.uri", encoding="utf-8") as f:
+                try:
+                    sentences.extend(tokens for line in f if (tokens := tokenize(line, cfg.tokenizer)))
+                except UnicodeDecodeError:  # its message quotes the bytes: name the file only
+                    raise ValueError(f"data.uri: {uri} is not UTF-8 text") from None
         is_eval = _unit_hash(np.arange(len(sentences), dtype=np.uint64)) < cfg.eval_fraction
         counts = collections.Counter(t for s, e in zip(sentences, is_eval, strict=True) if not e for t in s)
         words = sorted((w for w, c in counts.items() if c >= cfg.min_count), key=lambda w: (-counts[w], w))
