@@ -27,8 +27,9 @@ from kembed_api.jobs.intake import Intake
 from kembed_api.observability import Metrics, configure_json_logging
 from kembed_api.settings import Backend as BackendKind
 from kembed_api.settings import Settings
+from kembed_api.storage import PlatformStorage
 from kembed_api.tenants import router as tenants_router
-from kembed_api.tenants.service import ensure_tenant
+from kembed_api.tenants.service import ensure_tenant, fill_unset_storage
 
 __all__ = ["ADMIN_TOKEN_FILE", "create_app"]
 
@@ -36,9 +37,16 @@ log = logging.getLogger(__name__)
 ADMIN_TOKEN_FILE = "admin-token"  # the CLI reads it (kembed_api.cli.ADMIN_TOKEN_FILE)
 
 
+def platform_storage(settings: Settings) -> PlatformStorage:
+    """The platform's side of every tenant's storage policy; raises ValueError for bad default prefixes."""
+    return PlatformStorage.of(checkpoint_root=settings.resolved_checkpoint_root, data_dir=settings.data_dir,
+                              default_read=settings.storage_read_prefixes,
+                              default_write=settings.storage_write_prefixes)
+
+
 def _make_backend(settings: Settings) -> Backend:
     if settings.backend is BackendKind.local:
-        return LocalBackend(data_dir=settings.data_dir, slots=settings.local_slots,
+        return LocalBackend(data_dir=settings.data_dir, slots=settings.local_slots, sandbox=settings.trainer_sandbox,
                             stop_grace_s=settings.stop_grace_s)
     from kembed_api.backends.kubernetes import (
         KubernetesBackend,  # imports the kubernetes client only when used
@@ -47,12 +55,14 @@ def _make_backend(settings: Settings) -> Backend:
     return KubernetesBackend()
 
 
-def _bootstrap(settings: Settings, db: Database) -> None:
-    """The default tenant, and the first admin token: minted once, shown once, kept only as a 0600 file."""
+def _bootstrap(settings: Settings, db: Database, storage: PlatformStorage) -> None:
+    """The default tenant, and the first admin token: minted once, shown once, kept only as a 0600 file.
+    Tenants from before storage policies existed get the platform's default policy."""
     secret = settings.bootstrap_admin_token.get_secret_value() if settings.bootstrap_admin_token else None
     with db.session(write=True) as session:
         db.lock_across_replicas(session)  # replicas starting together on a new database bootstrap one at a time
         tenant = ensure_tenant(session, name=settings.default_tenant)
+        fill_unset_storage(session, storage=storage)
         minted = ensure_bootstrap_token(session, tenant=tenant, secret=secret) if settings.auth else None
     if minted:
         path = settings.data_dir / ADMIN_TOKEN_FILE
@@ -71,9 +81,11 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+        settings.data_dir.chmod(0o700)  # the database, tokens and logs are the server's alone
+        storage = platform_storage(settings)
         upgrade_to_head(settings.resolved_database_url)
         db = Database(settings.resolved_database_url, processes=settings.workers)
-        _bootstrap(settings, db)
+        _bootstrap(settings, db, storage)
         await db.open_read_pool()
         metrics = Metrics(db)
         dispatcher = Dispatcher(db=db, backend=backend or _make_backend(settings),
@@ -82,12 +94,14 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
                                 priority_classes=settings.priority_classes,
                                 protect_after=settings.preemption_protect_after,
                                 protect_window_s=settings.preemption_protect_window_s,
-                                leader_lock=settings.data_dir / "dispatcher.lock" if settings.workers > 1 else None)
+                                leader_lock=settings.data_dir / "dispatcher.lock" if settings.workers > 1 else None,
+                                storage=storage)
         app.state.settings, app.state.db, app.state.metrics = settings, db, metrics
+        app.state.storage = storage
         app.state.dispatcher, app.state.backend = dispatcher, dispatcher.backend
         app.state.forecasts = forecasts = Forecasts(db, capacity=dispatcher.backend.capacity)
         app.state.principals = TtlCache(ttl_s=settings.token_cache_s)
-        app.state.intake = intake = Intake(db, checkpoint_root=settings.resolved_checkpoint_root,
+        app.state.intake = intake = Intake(db, storage=storage,
                                            check_fits=dispatcher.backend.check_fits,
                                            priority_classes=settings.priority_classes)
         intake.start()

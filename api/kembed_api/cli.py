@@ -322,6 +322,11 @@ def _sharing(cohort, borrow_gpus, max_priority_class) -> dict[str, Any] | None:
         return None
     borrowing = {"gpus": borrow_gpus} if borrow_gpus is not None else {}
     return {"cohort": cohort, "borrowing_limit": borrowing, "max_priority_class": max_priority_class}
+ReadPrefixOption = Annotated[list[str] | None, typer.Option(
+    "--read-prefix", help="A URI prefix (file://, s3:// or an absolute path) the tenant's jobs may read; repeat "
+    "for more. Omitted on create: the platform's defaults.")]
+WritePrefixOption = Annotated[list[str] | None, typer.Option(
+    "--write-prefix", help="A URI prefix the tenant's jobs may write and read; repeat for more.")]
 
 
 def _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs) -> dict[str, Any]:
@@ -337,6 +342,10 @@ def _show_quota(quota: dict[str, Any]) -> str:
 
 def _show_tenant(tenant: dict[str, Any]) -> None:
     console.print(f"tenant [bold]{tenant['name']}[/bold]: {_show_quota(tenant['quota'])}{_show_sharing(tenant)}")
+    storage = tenant.get("storage")
+    if storage:
+        console.print(f"  storage: own folder {storage['own']}; read {', '.join(storage['read']) or '-'}; "
+                      f"write {', '.join(storage['write']) or '-'}")
 
 
 def _show_sharing(tenant: dict[str, Any]) -> str:
@@ -353,11 +362,30 @@ def _show_sharing(tenant: dict[str, Any]) -> str:
 def tenants_create(name: str, gpus: GpusOption = None, cpu: CpuOption = None, memory: MemoryOption = None,
                    max_running_jobs: RunningOption = None, max_queued_jobs: QueuedOption = None,
                    cohort: CohortOption = None, borrow_gpus: BorrowGpusOption = None,
-                   max_priority_class: ClassOption = None, server: ServerOption = "http://127.0.0.1:8080") -> None:
-    """Create a tenant; limits not given are unlimited (its quota is its guaranteed share in a cohort)."""
+                   max_priority_class: ClassOption = None, read_prefix: ReadPrefixOption = None,
+                   write_prefix: WritePrefixOption = None, server: ServerOption = "http://127.0.0.1:8080") -> None:
+    """Create a tenant; limits not given are unlimited (its quota is its guaranteed share in a cohort); a storage
+    policy not given is the platform's default."""
     quota = _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs)
     sharing = _sharing(cohort, borrow_gpus, max_priority_class)
-    _show_tenant(_request(server, lambda client: client.create_tenant(name, quota, sharing)))
+    storage = ({"read": read_prefix or [], "write": write_prefix or []}
+               if read_prefix is not None or write_prefix is not None else None)
+    _show_tenant(_request(server, lambda client: client.create_tenant(name, quota, sharing, storage=storage)))
+
+
+@tenants_app.command("set-storage")
+def tenants_set_storage(name: str, read_prefix: ReadPrefixOption = None, write_prefix: WritePrefixOption = None,
+                        server: ServerOption = "http://127.0.0.1:8080") -> None:
+    """Replace a tenant's storage policy (prefixes not given are dropped); its own checkpoint folder is always
+    allowed. Applies to jobs submitted and started from now on."""
+    storage = {"read": read_prefix or [], "write": write_prefix or []}
+    _show_tenant(_request(server, lambda client: client.set_storage(name, storage)))
+
+
+@tenants_app.command("show")
+def tenants_show(name: str, server: ServerOption = "http://127.0.0.1:8080") -> None:
+    """One tenant: its quota and storage policy."""
+    _show_tenant(_request(server, lambda client: client.tenant(name)))
 
 
 @tenants_app.command("set-quota")

@@ -108,9 +108,17 @@ class Client:
         return self._call("GET", f"/v1/jobs/{job_id}/neighbours", params=params).json()
 
     # ------------------------------------------------------------------------------------------- tenants
-    def create_tenant(self, name: str, quota: dict[str, Any], sharing: dict[str, Any] | None = None) -> dict[str, Any]:
-        body = {"name": name, "quota": quota, **({"sharing": sharing} if sharing is not None else {})}
+    def create_tenant(self, name: str, quota: dict[str, Any], sharing: dict[str, Any] | None = None, *,
+                      storage: dict[str, list[str]] | None = None) -> dict[str, Any]:
+        body = {"name": name, "quota": quota, **({"sharing": sharing} if sharing is not None else {}),
+                **({"storage": storage} if storage is not None else {})}
         return self._call("POST", "/v1/tenants", json=body).json()
+
+    def tenant(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/tenants/{name}").json()
+
+    def set_storage(self, name: str, storage: dict[str, list[str]]) -> dict[str, Any]:
+        return self._call("PATCH", f"/v1/tenants/{name}", json={"storage": storage}).json()
 
     def tenants(self) -> dict[str, Any]:
         return self._call("GET", "/v1/tenants").json()

@@ -26,8 +26,9 @@ from kembed_api.db import Database, utcnow
 from kembed_api.jobs import service
 from kembed_api.jobs.models import Job, JobEvent
 from kembed_api.observability import Metrics
+from kembed_api.storage import PlatformStorage
 from kembed_api.tenants.models import Tenant
-from kembed_api.tenants.service import share_of
+from kembed_api.tenants.service import policy_of, share_of
 from kembed_contract import lifecycle
 from kembed_contract.lifecycle import ACTIVE_STATES, JobState
 from kembed_contract.spec import JobSpec, read_stored
@@ -88,11 +89,14 @@ class Dispatcher:
         priority_classes: dict[str, int] | None = None,
         protect_after: int = 3,
         protect_window_s: float = 24 * 3600.0,
+        storage: PlatformStorage | None = None,
     ) -> None:
         """`leader_lock`: a file that chooses the one dispatching process among several workers of a server
         (`kembed serve --workers`); None when this process is the server's only one. `queue_page`: queued jobs
-        a pass reads at a time."""
+        a pass reads at a time. `storage`: the platform's side of the tenants' storage policies, handed to the
+        trainers (None: trainers get no policy, for tests of the dispatcher alone)."""
         self.db, self.backend, self.public_url, self.metrics = db, backend, public_url, metrics
+        self.storage = storage
         self._leadership = _Leadership(leader_lock) if leader_lock else None
         self._recovered = False
         self.admission_paused, self.queue_page = admission_paused, queue_page
@@ -246,10 +250,12 @@ class Dispatcher:
         resuming = job.state == JobState.RESTARTING or job.checkpoint_uri is not None  # restarted or preempted
         try:
             if job.restart_count == 0 and not resuming:
-                self.backend.sync_tenant(tenant.name, preemption.ceiling(share_of(tenant)))
+                self.backend.sync_tenant(tenant.name, preemption.ceiling(share_of(tenant)),
+                                         policy_of(tenant, self.storage) if self.storage else None)
             backend_state = self.backend.start(
                 Launch(job_id=job.id, tenant=tenant.name, spec=spec, attempt=job.restart_count + 1,
-                       report_url=f"{self.public_url}/v1/jobs/{job.id}/reports", report_token=token)
+                       report_url=f"{self.public_url}/v1/jobs/{job.id}/reports", report_token=token,
+                       storage_policy=policy_of(tenant, self.storage) if self.storage else None)
             )
         except NotReady as error:
             job.message = f"admitted; waiting to start: {error}"  # retried on the next pass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from enum import StrEnum
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -52,6 +53,25 @@ class Settings(BaseSettings):
         None,
         description="Where jobs without their own checkpoint.uri write checkpoints, as a URI "
         "(file:// or s3://). Unset means file://<data_dir>/checkpoints.",
+    )
+    storage_read_prefixes: list[str] = Field(
+        default_factory=list,
+        description="URI prefixes (file:// or s3://) a new tenant's jobs may read, e.g. a shared datasets bucket: "
+        "the platform's default storage policy; a platform admin sets each tenant's own. Every tenant may always "
+        "read and write its own checkpoint folder <checkpoint_root>/<tenant>, never the data dir or another "
+        "tenant's folder (docs/security.md). JSON list in the environment.",
+    )
+    storage_write_prefixes: list[str] = Field(
+        default_factory=list,
+        description="URI prefixes a new tenant's jobs may write (and read): checkpoints and exports outside "
+        "their own checkpoint folder. JSON list in the environment.",
+    )
+    trainer_sandbox: Literal["auto", "landlock", "off"] = Field(
+        "auto",
+        description="The local backend's kernel sandbox for trainers (docs/security.md): landlock = every trainer "
+        "runs under Landlock, reading and writing only its tenant's folders, never the data dir (the server "
+        "refuses to start without it); auto = Landlock where the kernel has it, else a warning at start; off = "
+        "none (the storage policy is still enforced by the API and the trainer).",
     )
     dispatch_interval_s: float = Field(
         0.5, gt=0, description="Seconds between dispatcher passes (it also wakes at once on submit/exit)."

@@ -17,6 +17,10 @@ Tenant (cluster-scoped, ``kubectl get tenants``)
                     ``<prefix>/<job>/``) and credentials_secret (a Secret in the operator's namespace whose keys,
                     e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, are copied into the tenant's namespace as
                     Secret ``kembed-s3`` and given to trainers as environment variables; unset = the platform's).
+    spec.storage    the tenant's storage policy (docs/security.md): read and write URI prefixes, and deny, places
+                    never reachable even inside them (the API's checkpoint root). ``spec.s3.prefix`` is the
+                    tenant's own folder, always reachable; every other Tenant's prefix is denied. The operator
+                    hands the result to the trainers (env KEMBED_STORAGE_POLICY), which enforce it.
     status          phase (Ready | Terminating | Failed), namespace, conditions, observedGeneration.
     Deleting a Tenant is refused (it stays Terminating, condition ``Deleting`` False, reason JobsStillRunning)
     while it has EmbeddingJobs that are not finished; once none are, its namespace and everything in it go.
@@ -55,14 +59,15 @@ from __future__ import annotations
 
 import datetime
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from kembed_contract import quota
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec, parse_quantity
+from kembed_trainer.storage_policy import StoragePolicy, UriError, canonical_uri, check_uri_syntax
 
 __all__ = [
     "EMBEDDING_JOB_KIND",
@@ -79,9 +84,11 @@ __all__ = [
     "TenantS3",
     "TenantSpec",
     "TenantStatus",
+    "TenantStorage",
     "embedding_job_manifest",
     "tenant_manifest",
     "tenant_namespace",
+    "tenant_storage_policy",
 ]
 
 GROUP = "kembed.io"
@@ -154,6 +161,21 @@ class TenantS3(BaseModel):
     )
 
 
+_Prefixes = list[Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(check_uri_syntax)]]
+
+
+class TenantStorage(BaseModel):
+    """The tenant's storage policy (canonical URI prefixes; see docs/security.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    read: _Prefixes = Field(default_factory=list, max_length=100, description="Prefixes trainers may read.")
+    write: _Prefixes = Field(default_factory=list, max_length=100,
+                             description="Prefixes trainers may write (and read).")
+    deny: _Prefixes = Field(default_factory=list, max_length=100,
+                            description="Never reachable, even inside read or write (e.g. the checkpoint root).")
+
+
 class TenantSpec(BaseModel):
     """A team: its namespace, quota and checkpoint storage."""
 
@@ -162,6 +184,26 @@ class TenantSpec(BaseModel):
     display_name: str | None = Field(None, max_length=200, description="Human-readable team name.")
     quota: TenantQuota
     s3: TenantS3 | None = None
+    storage: TenantStorage | None = Field(
+        None, description="What the tenant's trainers may read and write besides s3.prefix; unset: only that."
+    )
+
+
+def tenant_storage_policy(spec: TenantSpec, *, other_prefixes: list[str]) -> StoragePolicy:
+    """The policy a tenant's trainers enforce: its own prefix, its storage section, never another tenant's prefix.
+
+    Raises UriError for a prefix without a canonical form."""
+    storage = spec.storage or TenantStorage()
+    own = (canonical_uri(spec.s3.prefix),) if spec.s3 else ()
+    others = []
+    for prefix in other_prefixes:
+        try:
+            others.append(canonical_uri(prefix))
+        except UriError:
+            continue  # that tenant's own reconcile reports it; here it could not be reached anyway
+    return StoragePolicy(own=own, read=tuple(canonical_uri(p) for p in storage.read),
+                         write=tuple(canonical_uri(p) for p in storage.write),
+                         deny=(*(canonical_uri(p) for p in storage.deny), *(p for p in others if p not in own)))
 
 
 class TenantStatus(_Status):

@@ -16,6 +16,7 @@ from kembed_contract import resources
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import ATTEMPT_LABEL, INDEX_ANNOTATION, JOB_LABEL
 from kembed_trainer import launch, runtime
+from kembed_trainer.storage_policy import POLICY_ENV
 
 __all__ = ["CONFIG_MOUNT", "S3_SECRET", "batch_job", "config_map", "owner_reference", "service"]
 
@@ -89,7 +90,8 @@ def _resources(spec: resources.EmbeddingJobSpec) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def _env(name: str, spec: resources.EmbeddingJobSpec, settings: OperatorSettings) -> list[dict[str, Any]]:
+def _env(name: str, spec: resources.EmbeddingJobSpec, settings: OperatorSettings,
+         storage_policy: str | None) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "JOB_COMPLETION_INDEX",
          "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}},
@@ -105,11 +107,13 @@ def _env(name: str, spec: resources.EmbeddingJobSpec, settings: OperatorSettings
             "name": spec.report_token_secret, "key": "token", "optional": True}}})
     if settings.s3_endpoint_url:
         env.append({"name": "AWS_ENDPOINT_URL", "value": settings.s3_endpoint_url})
+    if storage_policy is not None:  # the tenant's, from its Tenant: the trainers enforce it on every file
+        env.append({"name": POLICY_ENV, "value": storage_policy})
     return env
 
 
 def batch_job(name: str, namespace: str, uid: str, tenant: str, spec: resources.EmbeddingJobSpec, *,
-              attempt: int, settings: OperatorSettings) -> dict[str, Any]:
+              attempt: int, settings: OperatorSettings, storage_policy: str | None = None) -> dict[str, Any]:
     res = spec.resources
     gpus = res.gpus_per_node > 0
     node_selector = {**settings.trainer_node_selector, **(settings.gpu_node_selector if gpus else {})}
@@ -139,7 +143,7 @@ def batch_job(name: str, namespace: str, uid: str, tenant: str, spec: resources.
             "imagePullPolicy": "IfNotPresent",
             "command": ["python"],
             "args": launcher_args,
-            "env": _env(name, spec, settings),
+            "env": _env(name, spec, settings, storage_policy),
             "terminationMessagePath": runtime.TERMINATION_LOG_PATH,
             "terminationMessagePolicy": "File",
             "envFrom": [{"secretRef": {"name": S3_SECRET, "optional": True}}],

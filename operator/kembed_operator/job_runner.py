@@ -38,10 +38,13 @@ def _utcnow() -> datetime.datetime:
 class JobRunner:
     def __init__(self, *, kube: Kube, observed: Observed, settings: OperatorSettings, body: kopf.Body,
                  s3_prefix_of: Callable[[str], str | None], logger: logging.Logger | logging.LoggerAdapter,
+                 storage_policy_of: Callable[[str], str] | None = None,
                  clock: Callable[[], datetime.datetime] = _utcnow) -> None:
+        """`storage_policy_of(tenant)`: the tenant's storage policy as the trainers get it (JSON); None: trainers
+        get none (tests of the runner alone)."""
         self.kube, self.observed, self.settings = kube, observed, settings
         self.body, self.logger, self.clock = body, logger, clock
-        self.s3_prefix_of = s3_prefix_of
+        self.s3_prefix_of, self.storage_policy_of = s3_prefix_of, storage_policy_of
         self.name, self.namespace, self.uid = body.meta["name"], body.meta["namespace"], body.meta["uid"]
         self.key = (self.namespace, self.name)
         self.tenant = (body.meta.get("labels") or {}).get("kembed.io/tenant") or self.namespace.removeprefix(
@@ -131,7 +134,9 @@ class JobRunner:
             job_manifests.config_map(*args, spec, default_checkpoint_uri=checkpoint_uri),
             job_manifests.service(*args, self.settings),
         ]
-        manifest = job_manifests.batch_job(*args, spec, attempt=attempt, settings=self.settings)
+        manifest = job_manifests.batch_job(
+            *args, spec, attempt=attempt, settings=self.settings,
+            storage_policy=self.storage_policy_of(self.tenant) if self.storage_policy_of else None)
         # All at once: the batch Job's pods need the ConfigMap only when their containers start (the kubelet waits
         # for it) and the Service only at rendezvous. But once the batch Job exists no later pass creates the gang
         # again, so the side children are retried here until they exist.

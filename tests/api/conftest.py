@@ -49,7 +49,7 @@ class FakeBackend:
     def capacity(self) -> Quota:
         return Quota(max_processes=self.slots)
 
-    def sync_tenant(self, name: str, quota: Quota) -> None:
+    def sync_tenant(self, name: str, quota: Quota, policy=None) -> None:
         pass
 
     def start(self, launch: Launch) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import pytest
 from kembed_api.dispatcher import Dispatcher
 from kembed_api.jobs import service
 from kembed_api.jobs.models import Job
+from kembed_api.storage import PlatformStorage
 from kembed_api.tenants.service import ensure_tenant
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec
@@ -25,7 +26,7 @@ def submit(db, builder) -> str:
     with db.session() as session:
         tenant = ensure_tenant(session, name="default")
         job, _ = service.submit(session, tenant=tenant, spec=JobSpec.model_validate(builder.build()),
-                                checkpoint_root="file:///tmp/ckpt")
+                                storage=PlatformStorage(checkpoint_root="file:///tmp/ckpt"))
         return job.id
 
 
@@ -81,7 +82,7 @@ def test_a_pass_reads_the_queue_a_page_at_a_time_and_stops_once_every_tenant_wai
             tenant = ensure_tenant(session, name=tenant_name)
             tenant.quota_max_running_jobs = 1
             job, _ = service.submit(session, tenant=tenant, spec=JobSpec.model_validate(make_spec(job_name).build()),
-                                    checkpoint_root="file:///tmp/ckpt")
+                                    storage=PlatformStorage(checkpoint_root="file:///tmp/ckpt"))
             return job.id
 
     b_jobs = [submit_as("b", f"b-{i}") for i in range(2)]

@@ -4,9 +4,12 @@ batch gets the outcome it would have had alone."""
 from __future__ import annotations
 
 from kembed_api.jobs import service
+from kembed_api.storage import PlatformStorage
 from kembed_api.tenants.service import ensure_tenant
 from kembed_contract.spec import JobSpec
 from tests.builders import make_spec
+
+_STORAGE = PlatformStorage(checkpoint_root="file:///c")
 
 
 def _submission(tenant, name: str, priority: int = 0, key: str | None = None,
@@ -19,11 +22,11 @@ def _submission(tenant, name: str, priority: int = 0, key: str | None = None,
 def test_a_batch_numbers_queue_positions_by_priority_then_age(db):
     with db.session(write=True) as session:
         tenant = ensure_tenant(session, name="default")
-        service.submit(session, tenant=tenant, spec=_submission(tenant, "old").spec, checkpoint_root="file:///c")
+        service.submit(session, tenant=tenant, spec=_submission(tenant, "old").spec, storage=_STORAGE)
         outcomes = service.submit_many(session, [
             _submission(tenant, "low-1"), _submission(tenant, "high-1", 5),
             _submission(tenant, "low-2"), _submission(tenant, "high-2", 5),
-        ], checkpoint_root="file:///c")
+        ], storage=_STORAGE)
     # admission order: high-1, high-2, old, low-1, low-2
     assert [(read.name, read.queue_position, created) for read, created in outcomes] == [
         ("low-1", 4, True), ("high-1", 1, True), ("low-2", 5, True), ("high-2", 2, True)]
@@ -34,7 +37,7 @@ def test_a_batch_numbers_queue_positions_by_priority_then_age(db):
     assert polled == {"low-1": 4, "high-1": 1, "low-2": 5, "high-2": 2}  # what a later read counts
     with db.session(write=True) as session:  # a batch that lands between the priorities already queued
         (middle, _), (top, _) = service.submit_many(
-            session, [_submission(tenant, "middle", 3), _submission(tenant, "top", 9)], checkpoint_root="file:///c")
+            session, [_submission(tenant, "middle", 3), _submission(tenant, "top", 9)], storage=_STORAGE)
     assert (middle.queue_position, top.queue_position) == (4, 1)  # behind high-1 and high-2, ahead of old
 
 
@@ -47,7 +50,7 @@ def test_one_refused_submission_does_not_fail_the_rest_of_its_batch(db):
             _submission(tenant, "also-fine", key="k"),
             _submission(tenant, "also-fine", key="k"),
             _submission(tenant, "other-spec", key="k"),
-        ], checkpoint_root="file:///c")
+        ], storage=_STORAGE)
     fine, foreign, keyed, repeated, reused = outcomes
     assert fine[1] and keyed[1] and fine[0].spec.trainer.checkpoint.uri.startswith("file:///c/default/fine-")
     assert isinstance(foreign, service.CannotRun) and "trainer.checkpoint.uri" in str(foreign)

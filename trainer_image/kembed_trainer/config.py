@@ -407,7 +407,7 @@ class EvaluationConfig(_Strict):
         [], description="word2vec: words whose nearest neighbours (cosine) each eval reports."
     )
     neighbours_k: _int(1, 100) = 5
-    analogies_uri: Uri | None = Field(
+    analogies_uri: OptionalReadUri = Field(
         None,
         description="word2vec: analogy questions, one `a b c d` per line (a is to b as c is to d; `:` lines are "
         "section titles, as in word2vec's questions-words.txt); analogy_accuracy is the share answered right "

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 from kembed_api.admission import Quota
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec
+from kembed_trainer.storage_policy import StoragePolicy
 
 __all__ = ["Backend", "Exit", "Launch", "NotReady", "Observed"]
 
@@ -26,6 +27,8 @@ class Launch:
     attempt: int
     report_url: str
     report_token: str
+    # The tenant's effective storage policy, which the trainers enforce too (kembed_trainer.storage_policy).
+    storage_policy: StoragePolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -53,9 +56,10 @@ class Backend(Protocol):
     def check_fits(self, spec: JobSpec) -> None:
         """Raise ValueError saying why, if this job could never run here (too big for any capacity)."""
 
-    def sync_tenant(self, name: str, quota: Quota) -> None:
+    def sync_tenant(self, name: str, quota: Quota, policy: StoragePolicy | None = None) -> None:
         """Make the backend's view of a tenant match the API's (its Kubernetes Tenant); may do nothing. `quota` is
-        the most the tenant may hold (its quota, plus what it may borrow in a cohort: kembed_api.preemption.ceiling)."""
+        the most the tenant may hold (its quota, plus what it may borrow in a cohort: kembed_api.preemption.ceiling);
+        `policy` its storage policy, which its trainers enforce."""
 
     def capacity(self) -> Quota:
         """What all admitted jobs together may hold here (unlimited where the cluster itself enforces it)."""

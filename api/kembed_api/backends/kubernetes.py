@@ -23,6 +23,7 @@ from kembed_api.backends.base import Exit, Launch, NotReady, Observed
 from kembed_contract import quota, resources
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec, parse_quantity
+from kembed_trainer.storage_policy import StoragePolicy
 
 __all__ = ["KubernetesBackend"]
 
@@ -88,8 +89,9 @@ class KubernetesBackend:
         return Quota()
 
     # ------------------------------------------------------------------------------------------- tenants
-    def sync_tenant(self, name: str, limits: Quota) -> None:
-        """Create or update the tenant's Tenant resource (its namespace quota follows the API's quota)."""
+    def sync_tenant(self, name: str, limits: Quota, policy: StoragePolicy | None = None) -> None:
+        """Create or update the tenant's Tenant resource: its namespace quota follows the API's quota, and its
+        storage policy (its own folder as s3.prefix, the rest as storage) reaches its trainers through it."""
         spec = resources.TenantSpec(quota=resources.TenantQuota(
             gpus=min(limits.gpus, quota.MAX_GPUS) if limits.gpus is not None else _UNLIMITED["gpus"],
             cpu=quota.cpu_quantity(min(limits.cpu, quota.MAX_CPU)) if limits.cpu is not None else _UNLIMITED["cpu"],
@@ -98,6 +100,12 @@ class KubernetesBackend:
             max_running_jobs=(min(limits.max_running_jobs, quota.MAX_JOBS) if limits.max_running_jobs is not None
                               else _UNLIMITED["max_running_jobs"]),
         ))
+        if policy is not None:
+            spec.storage = resources.TenantStorage(read=list(policy.read), write=list(policy.write),
+                                                   deny=list(policy.deny))
+            own = policy.own[0] if policy.own else ""
+            if own.startswith("s3://"):
+                spec.s3 = resources.TenantS3(prefix=own)
         manifest = resources.tenant_manifest(name, spec, labels={"app.kubernetes.io/managed-by": "kembed-api"})
         try:
             self.custom.create_cluster_custom_object(resources.GROUP, resources.VERSION, resources.TENANT_PLURAL,

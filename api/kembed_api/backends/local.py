@@ -8,6 +8,7 @@ SIGTERMs them (they checkpoint), and a server that died is cleaned up by `reclai
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -27,6 +28,10 @@ from kembed_api.ports import free_port
 from kembed_contract import lifecycle
 from kembed_contract.spec import JobSpec
 from kembed_trainer import runtime
+from kembed_trainer import sandbox as landlock
+from kembed_trainer.storage_policy import POLICY_ENV, StoragePolicy
+
+log = logging.getLogger(__name__)
 
 __all__ = ["LocalBackend"]
 
@@ -69,6 +74,12 @@ def machine_cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
+def _trainer_environ() -> dict[str, str]:
+    """The server's environment without its own settings (KEMBED_*: the bootstrap admin token, the database URL
+    with its password, ...): a trainer needs none of them, and can read its own environment."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("KEMBED_")}
+
+
 def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
@@ -76,8 +87,16 @@ def _signal_group(pid: int, sig: int) -> None:
 
 class LocalBackend:
     def __init__(self, *, data_dir: Path, slots: int, stop_grace_s: float = 60.0,
-                 memory_bytes: int | None = None, cpus: int | None = None) -> None:
-        """`memory_bytes`, `cpus`: what this machine offers its trainers (measured when not given)."""
+                 memory_bytes: int | None = None, cpus: int | None = None, sandbox: str = "auto") -> None:
+        """`memory_bytes`, `cpus`: what this machine offers its trainers (measured when not given). `sandbox`:
+        auto, landlock or off (Settings.trainer_sandbox); raises RuntimeError for landlock without a kernel that
+        has it."""
+        self.landlock = sandbox != "off" and landlock.abi_version() > 0
+        if sandbox == "landlock" and not self.landlock:
+            raise RuntimeError("KEMBED_TRAINER_SANDBOX=landlock, but this kernel has no Landlock (Linux 5.13+)")
+        if sandbox == "auto" and not self.landlock:
+            log.warning("this kernel has no Landlock: trainers run without a sandbox (the storage policy is still "
+                        "enforced by the API and the trainers); see docs/security.md")
         self.data_dir = data_dir
         self.slots = slots
         self.memory_bytes = memory_bytes or machine_memory_bytes()
@@ -115,7 +134,7 @@ class LocalBackend:
     def capacity(self) -> Quota:
         return Quota(max_processes=self.slots)
 
-    def sync_tenant(self, name: str, quota: Quota) -> None:
+    def sync_tenant(self, name: str, quota: Quota, policy: StoragePolicy | None = None) -> None:
         pass  # tenants need nothing on this machine
 
     # ------------------------------------------------------------------------------------------- lifecycle
@@ -139,7 +158,7 @@ class LocalBackend:
         resources = launch.spec.resources
         port = free_port()
         env = {
-            **os.environ,
+            **_trainer_environ(),
             runtime.ENV_JOB_ID: launch.job_id,
             runtime.ENV_REPORT_URL: launch.report_url,
             runtime.ENV_REPORT_TOKEN: launch.report_token,
@@ -147,6 +166,14 @@ class LocalBackend:
             # Share the cores among this job's ranks instead of letting each grab all of them.
             "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // resources.num_processes)),
         }
+        if launch.storage_policy is not None:
+            env[POLICY_ENV] = launch.storage_policy.to_json()
+        sandboxed: list[str] = []
+        if self.landlock:
+            scratch = job_dir / "tmp"  # the trainers' temporary files and numba's cache: their own, per job
+            scratch.mkdir(exist_ok=True)
+            env.update(TMPDIR=str(scratch), NUMBA_CACHE_DIR=str(scratch), PYTHONDONTWRITEBYTECODE="1")
+            sandboxed = self._sandbox_command(job_dir, launch.storage_policy)
         processes, log_files = [], []
         for node_rank in range(resources.nodes):
             termination_log = self._termination_log(launch.job_id, node_rank)
@@ -160,13 +187,36 @@ class LocalBackend:
             )
             node_env = {**env, runtime.ENV_TERMINATION_LOG: str(termination_log)}
             processes.append(
-                subprocess.Popen(command, env=node_env, stdout=log, stderr=subprocess.STDOUT,
+                subprocess.Popen([*sandboxed, *command], env=node_env, stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, cwd=job_dir, start_new_session=True)
             )
             log_files.append(log)
         with self._lock:
             self._gangs[launch.job_id] = _Gang(processes=processes, log_files=log_files)
         return {"pids": [p.pid for p in processes], "attempt": launch.attempt}
+
+    def _sandbox_command(self, job_dir: Path, policy: StoragePolicy | None) -> list[str]:
+        """`python -m kembed_trainer.sandbox --read .. --write .. --`: Landlock around the node's whole gang.
+
+        Readable: the system, this interpreter and its packages, the job's folder, the policy's local prefixes;
+        writable: the job's folder, the tenant's own checkpoint folder, the policy's local write prefixes. The
+        data dir (the database, tokens, logs, other jobs) and the checkpoint root (other tenants) stay out, also
+        where a granted folder contains them."""
+        def local(uris) -> list[str]:
+            return [u.removeprefix("file://") for u in uris if u.startswith("file://")]
+
+        policy = policy or StoragePolicy()
+        own = local(policy.own)
+        for folder in own:
+            Path(folder).mkdir(parents=True, exist_ok=True)  # Landlock grants only what exists
+        read, write = landlock.rules(
+            read=[*landlock.SYSTEM_READ, *landlock.python_paths(), *local(policy.read), *local(policy.write)],
+            write=[*landlock.SYSTEM_WRITE, *local(policy.write)],
+            denied=[str(self.data_dir), *local(policy.deny)],
+            granted_inside_denied=[str(job_dir), *own],
+        )
+        return [sys.executable, "-m", "kembed_trainer.sandbox", *(f"--read={p}" for p in read),
+                *(f"--write={p}" for p in write), "--"]
 
     def poll(self, job_id: str) -> Exit | None:
         with self._lock:

@@ -205,7 +205,7 @@ def cluster(session: Executor, *, capacity: Quota, now: datetime | None = None) 
     for tenant_id, created_at, admitted_at in session.execute(_WAITS_SINCE, {"since": now - timedelta(days=7)}):
         waits[tenant_id].append((admitted_at - created_at).total_seconds())
     nothing = UsageAmounts(gpus=0, cpu=0, memory_bytes=0, running_jobs=0)
-    rows = [TenantOverview(name=t.name, quota=tenants.to_read(t).quota, used=used.get(t.id, nothing),
+    rows = [TenantOverview(name=t.name, quota=tenants.quota_spec(t), used=used.get(t.id, nothing),
                            queued_jobs=t.queued_jobs, avg_queue_wait_s_7d=_mean(waits[t.id])) for t in every]
     total_memory = _sum_limits([t.quota_memory_bytes for t in every])
     return ClusterOverview(

@@ -23,6 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from kembed_api.db import Database
 from kembed_api.jobs import service
 from kembed_api.jobs.schemas import JobRead
+from kembed_api.storage import PlatformStorage
 from kembed_contract.spec import JobSpec
 
 __all__ = ["Intake"]
@@ -42,10 +43,11 @@ class _Waiting:
 
 
 class Intake:
-    def __init__(self, db: Database, *, checkpoint_root: str, check_fits: Callable[[JobSpec], None],
+    def __init__(self, db: Database, *, storage: PlatformStorage, check_fits: Callable[[JobSpec], None],
                  max_batch: int = 256, priority_classes: dict[str, int] | None = None) -> None:
-        """`check_fits` raises ValueError when the backend could never run the job (the backend's check)."""
-        self.db, self.checkpoint_root, self.check_fits, self.max_batch = db, checkpoint_root, check_fits, max_batch
+        """`check_fits` raises ValueError when the backend could never run the job (the backend's check);
+        `storage` is the platform's side of the tenants' storage policies."""
+        self.db, self.storage, self.check_fits, self.max_batch = db, storage, check_fits, max_batch
         self.priority_classes = priority_classes or {}
         self._arrivals: queue.SimpleQueue[_Waiting | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="kembed-intake", daemon=True)
@@ -106,7 +108,7 @@ class Intake:
 
     def _store(self, submissions: list[service.Submission]) -> list[service.Outcome]:
         with self.db.write_transaction() as connection:
-            return service.submit_many(connection, submissions, checkpoint_root=self.checkpoint_root,
+            return service.submit_many(connection, submissions, storage=self.storage,
                                        priority_classes=self.priority_classes)
 
     def _store_alone(self, submission: service.Submission) -> service.Outcome | Exception:

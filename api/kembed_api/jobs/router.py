@@ -26,7 +26,9 @@ from kembed_api.jobs.schemas import (
     ReportRecord,
 )
 from kembed_api.responses import ModelResponse
+from kembed_api.tenants.service import policy_of
 from kembed_contract.lifecycle import JobState
+from kembed_trainer.storage_policy import Access, StorageDenied, UriError
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -170,12 +172,24 @@ def job_events(job_id: str, db: Db, principal: Reader) -> list[JobEventRead]:
 
 
 @router.get("/{job_id}/checkpoints", response_model=list[checkpoints.CheckpointRead],
-            responses=_READS, summary="Complete checkpoints with step, time and size")
-def job_checkpoints(job_id: str, db: Db, principal: Reader) -> list[checkpoints.CheckpointRead]:
+            responses=errors.responses(
+                401, 404, 409, s404=_NOT_FOUND_JOB,
+                s409="The job's checkpoint folder is outside its tenant's storage policy."),
+            summary="Complete checkpoints with step, time and size")
+def job_checkpoints(job_id: str, request: Request, db: Db, principal: Reader) -> list[checkpoints.CheckpointRead]:
     with db.session() as session:
         job = _job_of(session, principal, job_id)
     uri = job_checkpoint_uri(job.spec)
-    return checkpoints.list_checkpoints(uri) if uri else []
+    if not uri:
+        return []
+    # Checked again as it is now: a job stored before the policy (or before it was narrowed) lists nothing of
+    # what its tenant may no longer read.
+    try:
+        uri = policy_of(principal.tenant, request.app.state.storage).check(
+            uri, Access.READ, where="trainer.checkpoint.uri")
+    except (StorageDenied, UriError) as error:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(error)) from None
+    return checkpoints.list_checkpoints(uri)
 
 
 _EXPORT_ERRORS = {

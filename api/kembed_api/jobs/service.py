@@ -31,12 +31,14 @@ from kembed_api.jobs.schemas import (
     Progress,
     ReportRecord,
 )
+from kembed_api.storage import PlatformStorage
 from kembed_api.tenants.models import Tenant
-from kembed_api.tenants.service import quota_of
+from kembed_api.tenants.service import policy_of, quota_of
 from kembed_contract import lifecycle
 from kembed_contract.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState
 from kembed_contract.spec import JobSpec, read_stored
 from kembed_trainer import runtime
+from kembed_trainer.storage_policy import StorageDenied, UriError, canonicalize_fields
 
 __all__ = [
     "CannotRun",
@@ -275,7 +277,7 @@ _INSERT_FIRST_EVENTS = insert(_EVENTS).from_select(
 
 
 def submit_many(
-    session: Session | Connection, submissions: Sequence[Submission], *, checkpoint_root: str,
+    session: Session | Connection, submissions: Sequence[Submission], *, storage: PlatformStorage,
     now: datetime | None = None, priority_classes: dict[str, int] | None = None,
 ) -> list[Outcome]:
     """Store QUEUED jobs, one outcome per submission in order; the caller commits (kembed_api.jobs.intake, on
@@ -335,7 +337,7 @@ def submit_many(
             outcomes[i] = refused_class[i]
             continue
         try:
-            job = _new_job(submission.spec, tenant=tenant, checkpoint_root=checkpoint_root, now=now,
+            job = _new_job(submission.spec, tenant=tenant, storage=storage, now=now,
                            idempotency_key=submission.idempotency_key, spec_hash=submission.spec_hash,
                            taken_ids=taken_ids)
         except CannotRun as refused:
@@ -378,12 +380,11 @@ def _key_reused(key: str | None) -> KeyReused:
 
 
 def submit(
-    session: Session, *, tenant: Tenant, spec: JobSpec, checkpoint_root: str, idempotency_key: str | None = None,
+    session: Session, *, tenant: Tenant, spec: JobSpec, storage: PlatformStorage, idempotency_key: str | None = None,
     now: datetime | None = None,
 ) -> tuple[JobRead, bool]:
     """One submission (see submit_many); raises CannotRun, QueueFull or KeyReused."""
-    outcome = submit_many(session, [Submission(tenant.id, spec, idempotency_key)], checkpoint_root=checkpoint_root,
-                          now=now)[0]
+    outcome = submit_many(session, [Submission(tenant.id, spec, idempotency_key)], storage=storage, now=now)[0]
     if isinstance(outcome, Exception):
         raise outcome
     return outcome
@@ -406,7 +407,7 @@ class _NewJob:
             raise AttributeError(column) from None
 
 
-def _new_job(spec: JobSpec, *, tenant: Row, checkpoint_root: str, now: datetime, idempotency_key: str | None,
+def _new_job(spec: JobSpec, *, tenant: Row, storage: PlatformStorage, now: datetime, idempotency_key: str | None,
              spec_hash: str | None, taken_ids: set[str]) -> _NewJob:
     """The QUEUED job a valid submission becomes (not yet stored); raises CannotRun."""
     _check_can_run(spec, tenant=tenant)
@@ -414,15 +415,16 @@ def _new_job(spec: JobSpec, *, tenant: Row, checkpoint_root: str, now: datetime,
     while job_id in taken_ids:
         job_id = _new_job_id(spec.name)
     taken_ids.add(job_id)
-    own_prefix = f"{checkpoint_root}/{tenant.name}/"
+    try:
+        # Every URI of the spec, canonical and inside the tenant's policy; the spec is stored with those forms.
+        canonicalize_fields(spec, policy_of(tenant, storage))
+    except (StorageDenied, UriError) as refused:
+        raise CannotRun(str(refused)) from None
     checkpoint = spec.trainer.checkpoint
     if checkpoint.uri is None:
         # Checkpoints are namespaced by tenant so no tenant is ever handed another's path.
-        checkpoint = checkpoint.model_copy(update={"uri": f"{own_prefix}{job_id}"})
+        checkpoint = checkpoint.model_copy(update={"uri": f"{storage.own_folder(tenant.name)}/{job_id}"})
         spec = spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"checkpoint": checkpoint})})
-    elif checkpoint.uri.startswith(f"{checkpoint_root}/") and not checkpoint.uri.startswith(own_prefix):
-        raise CannotRun(f"trainer.checkpoint.uri: under the platform's checkpoint root a job may only use its "
-                        f"tenant's folder {own_prefix}")
     demand = Demand.of(spec)
     return _NewJob(row=dict(
         id=job_id, tenant_id=tenant.id, name=spec.name, spec=spec.model_dump(mode="json"), priority=spec.priority,

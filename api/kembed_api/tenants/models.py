@@ -32,6 +32,11 @@ class Tenant(Base):
     cohort: Mapped[str | None] = mapped_column(String(48), default=None)
     borrowing_limit: Mapped[dict | None] = mapped_column(JSON, default=None)
     max_priority_class: Mapped[str | None] = mapped_column(String(32), default=None)
+    # The storage policy a platform admin set (canonical URI prefixes; kembed_api.storage adds the tenant's own
+    # checkpoint folder and the places no tenant may reach). NULL: not set yet, the platform's defaults; the
+    # server writes them in at start (a tenant from before the policy existed).
+    storage_read_prefixes: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), default=None)
+    storage_write_prefixes: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), default=None)
     # The queue's bookkeeping, kept by kembed_api.jobs.service in the transactions that change it (each is a
     # count of the tenant's queue otherwise, which costs as much as the queue is long).
     # Raised by every change that moves jobs already queued (one leaves the queue, or one joins ahead of them):

@@ -48,18 +48,26 @@ def _tenant_for(principal: Principal, session, name: str) -> Tenant:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"tenant {name!r} not found") from None
 
 
+_BAD_POLICY = "Invalid body, or a storage prefix no tenant may be granted (`detail` says which and why)."
+
+
 @router.post("/v1/tenants", response_model=TenantRead, status_code=status.HTTP_201_CREATED,
-             responses=errors.responses(401, 403, 409, s403=_ADMIN_ONLY, s409="A tenant of that name exists."),
+             responses=errors.responses(401, 403, 409, s403=_ADMIN_ONLY, s409="A tenant of that name exists.",
+                                        s422=_BAD_POLICY),
              summary="Create a tenant")
 def create_tenant(body: TenantCreate, request: Request, db: Db, _: Admin) -> TenantRead:
     _check_priority_class(request, body.sharing)
+    storage = request.app.state.storage
     try:
         with db.session(write=True) as session:
-            tenant = service.create_tenant(session, name=body.name, quota=body.quota, sharing=body.sharing)
+            tenant = service.create_tenant(session, name=body.name, quota=body.quota, sharing=body.sharing,
+                                           storage=storage, storage_spec=body.storage)
     except service.TenantExists as error:
         raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
+    except ValueError as error:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
     _sync(request, tenant)
-    return service.to_read(tenant)
+    return service.to_read(tenant, storage=storage)
 
 
 def _check_priority_class(request: Request, sharing: SharingSpec | None) -> None:
@@ -73,36 +81,45 @@ def _check_priority_class(request: Request, sharing: SharingSpec | None) -> None
 def _sync(request: Request, tenant: Tenant) -> None:
     """Mirror the tenant into the backend (its Kubernetes Tenant) now; the dispatcher retries at the next launch."""
     try:
-        request.app.state.backend.sync_tenant(tenant.name, preemption.ceiling(service.share_of(tenant)))
+        request.app.state.backend.sync_tenant(tenant.name, preemption.ceiling(service.share_of(tenant)),
+                                              service.policy_of(tenant, request.app.state.storage))
     except Exception:  # the database is the system of record; the cluster catches up on the next launch
         log.warning("could not sync tenant %s to the backend", tenant.name, exc_info=True)
 
 
 @router.get("/v1/tenants", response_model=TenantList, responses=errors.responses(401, 403, s403=_ADMIN_ONLY),
             summary="List tenants")
-def list_tenants(db: Db, _: Admin) -> TenantList:
+def list_tenants(request: Request, db: Db, _: Admin) -> TenantList:
     with db.session() as session:
-        return TenantList(items=[service.to_read(t) for t in service.list_tenants(session)])
+        return TenantList(items=[service.to_read(t, storage=request.app.state.storage)
+                                 for t in service.list_tenants(session)])
 
 
 @router.get("/v1/tenants/{name}", response_model=TenantRead, responses=errors.responses(401, 404, s404=_NOT_FOUND_TENANT),
-            summary="One tenant")
-def get_tenant(name: str, db: Db, principal: Reader) -> TenantRead:
+            summary="One tenant: quota and storage policy")
+def get_tenant(name: str, request: Request, db: Db, principal: Reader) -> TenantRead:
     with db.session() as session:
-        return service.to_read(_tenant_for(principal, session, name))
+        return service.to_read(_tenant_for(principal, session, name), storage=request.app.state.storage)
 
 
 @router.patch("/v1/tenants/{name}", response_model=TenantRead,
-              responses=errors.responses(401, 403, 404, s403=_ADMIN_ONLY, s404=_NOT_FOUND_TENANT),
-              summary="Set a tenant's quota and sharing")
+              responses=errors.responses(401, 403, 404, s403=_ADMIN_ONLY, s404=_NOT_FOUND_TENANT, s422=_BAD_POLICY),
+              summary="Set a tenant's quota, sharing and/or storage policy")
 def update_tenant(name: str, body: TenantUpdate, request: Request, db: Db, principal: Admin) -> TenantRead:
     _check_priority_class(request, body.sharing)
+    storage = request.app.state.storage
     with db.session(write=True) as session:
         tenant = _tenant_for(principal, session, name)
-        service.set_quota(tenant, body.quota)
+        if body.quota is not None:
+            service.set_quota(tenant, body.quota)
         if body.sharing is not None:
             service.set_sharing(tenant, body.sharing)
-        read = service.to_read(tenant)
+        if body.storage is not None:
+            try:
+                service.set_storage(tenant, body.storage, storage=storage)
+            except ValueError as error:
+                raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
+        read = service.to_read(tenant, storage=storage)
     request.app.state.principals.clear()  # callers of this tenant see the new quota at once
     _sync(request, tenant)
     request.app.state.dispatcher.wake()  # a larger quota may admit waiting jobs now

@@ -13,8 +13,8 @@ from kembed_contract.spec import QUANTITY_PATTERN, parse_quantity
 from kembed_trainer.config import NumbersOnly
 
 __all__ = [
-    "QuotaSpec", "SharingSpec", "SharingUsage", "TenantCreate", "TenantList", "TenantRead", "TenantUpdate",
-    "TokenCreate", "TokenCreated", "TokenList", "TokenRead", "Usage", "UsageAmounts",
+    "QuotaSpec", "SharingSpec", "SharingUsage", "StorageRead", "StorageSpec", "TenantCreate", "TenantList",
+    "TenantRead", "TenantUpdate", "TokenCreate", "TokenCreated", "TokenList", "TokenRead", "Usage", "UsageAmounts",
 ]
 
 _TENANT_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -61,6 +61,28 @@ class SharingSpec(BaseModel):
         None, description="The highest of the platform's priority classes its jobs may use; null: any.")
 
 
+_Prefixes = Annotated[list[Annotated[str, Field(min_length=1, max_length=4096)]], Field(max_length=100)]
+
+
+class StorageSpec(BaseModel):
+    """A tenant's storage policy: URI prefixes (file:// or s3://, or absolute paths) its jobs may use.
+
+    The tenant's own checkpoint folder is always readable and writable without being listed; the server's data
+    dir, the checkpoint root and every other tenant's folder never are, whatever is listed (docs/security.md).
+    """
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"read": ["s3://datasets/ctr"], "write": ["s3://exports/team-a"]}]})
+
+    read: _Prefixes = Field(default_factory=list, description="Prefixes jobs may read (datasets).")
+    write: _Prefixes = Field(default_factory=list,
+                             description="Prefixes jobs may write and read (checkpoints, exports).")
+
+
+class StorageRead(StorageSpec):
+    own: str = Field(description="The tenant's own checkpoint folder: always readable and writable.")
+
+
 class TenantCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -69,19 +91,26 @@ class TenantCreate(BaseModel):
     )
     quota: QuotaSpec = Field(default_factory=QuotaSpec)
     sharing: SharingSpec = Field(default_factory=SharingSpec)
+    storage: StorageSpec | None = Field(None, description="Its storage policy; omitted: the platform's defaults.")
 
 
 class TenantUpdate(BaseModel):
+    """What is given replaces the tenant's; what is omitted stays."""
+
     model_config = ConfigDict(extra="forbid")
 
-    quota: QuotaSpec = Field(description="Replaces the tenant's quota; already admitted jobs keep running.")
+    quota: QuotaSpec | None = Field(None, description="Replaces the tenant's quota; admitted jobs keep running.")
     sharing: SharingSpec | None = Field(None, description="Replaces how the tenant shares; omitted: unchanged.")
+    storage: StorageSpec | None = Field(
+        None, description="Replaces the tenant's storage policy; it applies to jobs submitted (and started) later."
+    )
 
 
 class TenantRead(BaseModel):
     name: str
     quota: QuotaSpec
     sharing: SharingSpec
+    storage: StorageRead
     created_at: datetime
 
 

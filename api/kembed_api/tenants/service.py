@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, func, or_, select
+from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -12,14 +12,26 @@ from kembed_api import preemption
 from kembed_api.admission import Quota
 from kembed_api.db import Executor, utcnow
 from kembed_api.jobs.models import Job
+from kembed_api.storage import PlatformStorage
 from kembed_api.tenants.models import Tenant
-from kembed_api.tenants.schemas import QuotaSpec, SharingSpec, SharingUsage, TenantRead, Usage, UsageAmounts
+from kembed_api.tenants.schemas import (
+    QuotaSpec,
+    SharingSpec,
+    SharingUsage,
+    StorageRead,
+    StorageSpec,
+    TenantRead,
+    Usage,
+    UsageAmounts,
+)
 from kembed_contract.lifecycle import ACTIVE_STATES
 from kembed_contract.spec import parse_quantity
+from kembed_trainer.storage_policy import StoragePolicy
 
 __all__ = [
-    "TenantExists", "TenantNotFound", "create_tenant", "ensure_tenant", "get_tenant", "list_tenants", "quota_of",
-    "quota_from_spec", "set_quota", "set_sharing", "share_of", "sharing_of", "to_read", "usage",
+    "TenantExists", "TenantNotFound", "create_tenant", "ensure_tenant", "fill_unset_storage", "get_tenant",
+    "list_tenants", "policy_of", "quota_from_spec", "quota_of", "quota_spec", "set_quota", "set_sharing",
+    "set_storage", "share_of", "sharing_of", "to_read", "usage",
 ]
 
 
@@ -48,7 +60,7 @@ def quota_from_spec(quota: QuotaSpec) -> Quota:
                  max_running_jobs=quota.max_running_jobs)
 
 
-def _quota_spec(tenant: Tenant) -> QuotaSpec:
+def quota_spec(tenant: Tenant) -> QuotaSpec:
     memory = tenant.quota_memory_bytes
     return QuotaSpec(
         gpus=tenant.quota_gpus, cpu=tenant.quota_cpu,
@@ -67,9 +79,30 @@ def set_sharing(tenant: Tenant, sharing: SharingSpec) -> None:
     tenant.borrowing_limit = sharing.borrowing_limit.model_dump(exclude_none=True) or None
 
 
-def to_read(tenant: Tenant) -> TenantRead:
-    return TenantRead(name=tenant.name, quota=_quota_spec(tenant), sharing=sharing_of(tenant),
-                      created_at=tenant.created_at)
+def policy_of(tenant: Tenant, storage: PlatformStorage) -> StoragePolicy:
+    """The tenant's effective storage policy (a row of `tenants` will do: only its columns are read)."""
+    return storage.policy(tenant.name, read=tenant.storage_read_prefixes, write=tenant.storage_write_prefixes)
+
+
+def to_read(tenant: Tenant, *, storage: PlatformStorage) -> TenantRead:
+    policy = policy_of(tenant, storage)
+    return TenantRead(name=tenant.name, quota=quota_spec(tenant), sharing=sharing_of(tenant),
+                      created_at=tenant.created_at,
+                      storage=StorageRead(read=list(policy.read), write=list(policy.write), own=policy.own[0]))
+
+
+def set_storage(tenant: Tenant, spec: StorageSpec, *, storage: PlatformStorage) -> None:
+    """Store the policy's prefixes canonical; raises ValueError naming the prefix at fault."""
+    tenant.storage_read_prefixes = list(storage.validate(spec.read, field="storage.read"))
+    tenant.storage_write_prefixes = list(storage.validate(spec.write, field="storage.write"))
+
+
+def fill_unset_storage(session: Session, *, storage: PlatformStorage) -> None:
+    """Tenants without a policy (made before it existed) get the platform's defaults, once, explicitly."""
+    session.execute(update(Tenant).where(Tenant.storage_read_prefixes.is_(None))
+                    .values(storage_read_prefixes=list(storage.default_read)))
+    session.execute(update(Tenant).where(Tenant.storage_write_prefixes.is_(None))
+                    .values(storage_write_prefixes=list(storage.default_write)))
 
 
 def set_quota(tenant: Tenant, quota: QuotaSpec) -> None:
@@ -79,7 +112,8 @@ def set_quota(tenant: Tenant, quota: QuotaSpec) -> None:
 
 
 def ensure_tenant(session: Session, *, name: str) -> Tenant:
-    """The tenant called `name`, created (unlimited) on first use: the embedded default's built-in tenant."""
+    """The tenant called `name`, created (unlimited; its storage policy unset, so the platform's defaults) on
+    first use: the embedded default's built-in tenant."""
     tenant = session.scalar(select(Tenant).where(Tenant.name == name))
     if tenant is None:
         tenant = Tenant(name=name)
@@ -88,10 +122,16 @@ def ensure_tenant(session: Session, *, name: str) -> Tenant:
     return tenant
 
 
-def create_tenant(session: Session, *, name: str, quota: QuotaSpec, sharing: SharingSpec | None = None) -> Tenant:
+def create_tenant(session: Session, *, name: str, quota: QuotaSpec, sharing: SharingSpec | None = None,
+                  storage: PlatformStorage | None = None, storage_spec: StorageSpec | None = None) -> Tenant:
+    """Raises TenantExists, or ValueError for a storage policy that cannot be granted. Without `storage` the
+    tenant's policy is left unset: the platform's defaults."""
     tenant = Tenant(name=name)
     set_quota(tenant, quota)
     set_sharing(tenant, sharing or SharingSpec())
+    if storage is not None:
+        set_storage(tenant, storage_spec or StorageSpec(read=list(storage.default_read),
+                                                        write=list(storage.default_write)), storage=storage)
     try:
         with session.begin_nested():
             session.add(tenant)
@@ -131,7 +171,7 @@ def usage(session: Executor, *, tenant: Tenant, now: datetime | None = None) -> 
     now = now or utcnow()
     running, gpus, cpu, memory, queued = session.execute(_USED_AND_QUEUED, {"tenant_id": tenant.id}).one()
     return Usage(
-        tenant=tenant.name, quota=_quota_spec(tenant),
+        tenant=tenant.name, quota=quota_spec(tenant),
         used=UsageAmounts(gpus=gpus, cpu=cpu, memory_bytes=memory, running_jobs=running),
         queued_jobs=queued,
         gpu_hours_7d=_gpu_hours(session, tenant=tenant, since=now - timedelta(days=7), now=now),
@@ -170,7 +210,7 @@ def _sharing_usage(session: Executor, *, tenant: Tenant) -> SharingUsage:
     def amounts(values: dict[str, float]) -> UsageAmounts:
         return UsageAmounts(gpus=values["gpus"], cpu=values["cpu"], memory_bytes=int(values["memory_bytes"]),
                             running_jobs=int(values["running_jobs"]))
-    return SharingUsage(cohort=tenant.cohort, nominal=_quota_spec(tenant), borrowed=amounts(borrowed[tenant.id]),
+    return SharingUsage(cohort=tenant.cohort, nominal=quota_spec(tenant), borrowed=amounts(borrowed[tenant.id]),
                         lent=amounts(lent))
 
 
