@@ -1,6 +1,6 @@
 """On Kubernetes the trainers get their tenant's storage policy from its Tenant resource (not from the job):
 their own prefix, what the platform admin granted, never another tenant's prefix, and nothing without a Tenant.
-(The cluster itself and per-tenant credentials are tested in tests/operator with the control plane.)"""
+These are the manifests alone; per-tenant S3 credentials against a real cluster are not tested yet (issue #15)."""
 
 from __future__ import annotations
 
