@@ -4,16 +4,16 @@ Existing tenants get NULL (not set yet): the server fills in the platform's conf
 (kembed_api.app), and every tenant may always use its own checkpoint folder, so nothing a tenant already has is
 lost.
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 Create Date: 2026-12-01 15:40:00
 """
 import sqlalchemy as sa
 from alembic import op
 
 
-revision = '0013'
-down_revision = '0012'
+revision = '0014'
+down_revision = '0013'
 branch_labels = None
 depends_on = None
 
