@@ -28,8 +28,8 @@ from kembed_trainer import (
     runtime,
     sparse_optim,
     sparsity,
-    word_eval,
     storage,
+    word_eval,
 )
 from kembed_trainer import dist as kdist
 
