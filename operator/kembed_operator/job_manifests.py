@@ -1,11 +1,16 @@
-"""The children of an EmbeddingJob, as manifests (pure): ConfigMap, headless Service, Indexed batch Job.
+"""The children of an EmbeddingJob, as manifests (pure): an Indexed batch Job, and only what it needs besides.
 
-Pod `<job>-<i>` of the Indexed Job gets host name `<job>-<i>` under the headless Service `<job>`, so every node
-of the gang finds rank 0's rendezvous store at `<job>-0.<job>`; each pod's node rank is its completion index.
+- The trainer's files (config.yaml and the launcher) travel in the pod template's annotations and reach the
+  containers through a downward-API volume: no object of their own to write, watch and delete per job. A config
+  too large for annotations (`MAX_INLINE_CONFIG_BYTES`) goes into a ConfigMap named after the job instead.
+- A gang of several nodes gets a headless Service: pod `<job>-<i>` of the Indexed Job gets host name `<job>-<i>`
+  under the Service `<job>`, so every node finds rank 0's rendezvous store at `<job>-0.<job>`; each pod's node
+  rank is its completion index. A one-node job rendezvouses on its own pod (127.0.0.1) and gets no Service.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import re
 from typing import Any
@@ -18,12 +23,18 @@ from kembed_operator.views import ATTEMPT_LABEL, INDEX_ANNOTATION, JOB_LABEL
 from kembed_trainer import launch, runtime
 from kembed_trainer.storage_policy import POLICY_ENV
 
-__all__ = ["CONFIG_MOUNT", "S3_SECRET", "batch_job", "config_map", "owner_reference", "service"]
+__all__ = ["CONFIG_MOUNT", "S3_SECRET", "TrainerFiles", "batch_job", "config_map", "owner_reference", "service",
+           "side_children", "trainer_files"]
 
 CONFIG_MOUNT = "/etc/kembed"
+CONFIG_ANNOTATION = "kembed.io/trainer-config"
+LAUNCHER_ANNOTATION = "kembed.io/trainer-launcher"
+# A pod's annotations hold at most 256 KiB in all (the API server refuses more), and the Job controller copies
+# them into every pod of the gang: a config beyond this goes into a ConfigMap instead.
+MAX_INLINE_CONFIG_BYTES = 64 * 1024
 S3_SECRET = "kembed-s3"
 TENANT_LABEL = "kembed.io/tenant"
-LAUNCHER = pathlib.Path(launch.__file__)
+_LAUNCHER_TEXT = pathlib.Path(launch.__file__).read_text()
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
@@ -49,16 +60,37 @@ def trainer_config(spec: resources.EmbeddingJobSpec, *, default_checkpoint_uri: 
     return config
 
 
-def config_map(name: str, namespace: str, uid: str, tenant: str, spec: resources.EmbeddingJobSpec, *,
-               default_checkpoint_uri: str | None) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class TrainerFiles:
+    """What the trainer container finds under CONFIG_MOUNT, and whether it fits in the pod's annotations."""
+
+    config_yaml: str
+    launcher: str
+
+    @property
+    def inline(self) -> bool:
+        return len(self.config_yaml.encode()) <= MAX_INLINE_CONFIG_BYTES
+
+
+def trainer_files(spec: resources.EmbeddingJobSpec, *, default_checkpoint_uri: str | None) -> TrainerFiles:
+    config = trainer_config(spec, default_checkpoint_uri=default_checkpoint_uri)
+    return TrainerFiles(config_yaml=yaml.dump(config, Dumper=_YAML_DUMPER, sort_keys=False), launcher=_LAUNCHER_TEXT)
+
+
+def config_map(name: str, namespace: str, uid: str, tenant: str, files: TrainerFiles) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(name, namespace, uid, tenant),
-        "data": {
-            "config.yaml": yaml.dump(trainer_config(spec, default_checkpoint_uri=default_checkpoint_uri),
-                                     Dumper=_YAML_DUMPER, sort_keys=False),
-            "launch.py": LAUNCHER.read_text(),
-        },
+        "data": {"config.yaml": files.config_yaml, "launch.py": files.launcher},
     }
+
+
+def side_children(name: str, namespace: str, uid: str, tenant: str, spec: resources.EmbeddingJobSpec,
+                  files: TrainerFiles, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """What the batch Job needs besides itself: a ConfigMap for an oversized config, a Service for a gang."""
+    children = [] if files.inline else [config_map(name, namespace, uid, tenant, files)]
+    if spec.resources.nodes > 1:
+        children.append(service(name, namespace, uid, tenant, settings))
+    return children
 
 
 def service(name: str, namespace: str, uid: str, tenant: str, settings: OperatorSettings) -> dict[str, Any]:
@@ -112,10 +144,21 @@ def _env(name: str, spec: resources.EmbeddingJobSpec, settings: OperatorSettings
     return env
 
 
+def _config_volume(name: str, files: TrainerFiles) -> dict[str, Any]:
+    if not files.inline:
+        return {"name": "config", "configMap": {"name": name}}
+    return {"name": "config", "downwardAPI": {"items": [
+        {"path": "config.yaml", "fieldRef": {"fieldPath": f"metadata.annotations['{CONFIG_ANNOTATION}']"}},
+        {"path": "launch.py", "fieldRef": {"fieldPath": f"metadata.annotations['{LAUNCHER_ANNOTATION}']"}},
+    ]}}
+
+
 def batch_job(name: str, namespace: str, uid: str, tenant: str, spec: resources.EmbeddingJobSpec, *,
-              attempt: int, settings: OperatorSettings, storage_policy: str | None = None) -> dict[str, Any]:
+              attempt: int, settings: OperatorSettings, files: TrainerFiles,
+              storage_policy: str | None = None) -> dict[str, Any]:
     res = spec.resources
     gpus = res.gpus_per_node > 0
+    gang = res.nodes > 1  # several nodes: rank 0 is found through the headless Service (side_children)
     node_selector = {**settings.trainer_node_selector, **(settings.gpu_node_selector if gpus else {})}
     tolerations = [*settings.trainer_tolerations, *(settings.gpu_tolerations if gpus else [])]
     labels = {**_user_labels(spec.labels), JOB_LABEL: name, TENANT_LABEL: tenant, ATTEMPT_LABEL: str(attempt)}
@@ -123,12 +166,12 @@ def batch_job(name: str, namespace: str, uid: str, tenant: str, spec: resources.
     metadata["labels"][ATTEMPT_LABEL] = str(attempt)
     launcher_args = runtime.node_command(
         [f"{CONFIG_MOUNT}/launch.py"], nnodes=res.nodes, node_rank="$(JOB_COMPLETION_INDEX)",
-        nproc_per_node=res.procs_per_node, master_addr=f"{name}-0.{name}", master_port=settings.rendezvous_port,
+        nproc_per_node=res.procs_per_node, master_addr=f"{name}-0.{name}" if gang else "127.0.0.1",
+        master_port=settings.rendezvous_port,
         config=f"{CONFIG_MOUNT}/config.yaml",
     )
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "subdomain": name,
         "serviceAccountName": settings.trainer_service_account,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -159,15 +202,20 @@ def batch_job(name: str, namespace: str, uid: str, tenant: str, spec: resources.
             ],
         }],
         "volumes": [
-            {"name": "config", "configMap": {"name": name}},
+            _config_volume(name, files),
             # NCCL and DataLoader workers share tensors through /dev/shm; the runtime's default 64 MiB is too small.
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
         ],
     }
+    if gang:
+        pod_spec["subdomain"] = name
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
     if tolerations:
         pod_spec["tolerations"] = tolerations
+    template_metadata: dict[str, Any] = {"labels": labels}
+    if files.inline:
+        template_metadata["annotations"] = {CONFIG_ANNOTATION: files.config_yaml, LAUNCHER_ANNOTATION: files.launcher}
     return {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": metadata,
         "spec": {
@@ -177,6 +225,6 @@ def batch_job(name: str, namespace: str, uid: str, tenant: str, spec: resources.
             # One failed pod fails this Job; the operator then decides whether the whole gang restarts.
             "backoffLimit": 0,
             "podReplacementPolicy": "Failed",
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "template": {"metadata": template_metadata, "spec": pod_spec},
         },
     }

@@ -2,11 +2,16 @@
 
 One runner per job, started and stopped by Kopf (a daemon): it is the only writer of that job's status, so it
 keeps the status it last wrote and never races itself. Children are read from the shared `Observed` view.
+
+The status written right after a new gang is created (ADMITTED, its attempt's start time) is held back for up to
+`first_status_delay_s`: when the gang's pods all run before that, the same changes go out with RUNNING in one
+write. Until written, they count as the job's status for every decision; any other write carries them along.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import functools
 import logging
@@ -55,6 +60,8 @@ class JobRunner:
         self._last_log_read = time.monotonic()
         self._gone = False
         self._spec: tuple[int, resources.EmbeddingJobSpec] | None = None  # (generation, validated spec)
+        self._held: dict[str, Any] = {}  # status changes not written yet (see the module docstring)
+        self._held_until: datetime.datetime | None = None
 
     # ---- the loop --------------------------------------------------------------------------------------------
     async def run(self, stopped: kopf.DaemonStopped) -> None:
@@ -76,6 +83,9 @@ class JobRunner:
         finally:
             stopping.cancel()
             self.observed.forget(self.key)
+            if self._held and not self._gone:  # stopped (a restart, a take-over) before their time: write them now
+                with contextlib.suppress(Exception):
+                    await self._write_status({}, due=self._held_until)
 
     async def reconcile_once(self) -> float:
         now = self.clock()
@@ -90,21 +100,27 @@ class JobRunner:
             self._post(plan.event)
             return self.settings.resync_interval_s
         plan = job_state.decide(
-            spec=spec, status=self.status, generation=generation, batch_job=self.observed.batch_job(self.key),
-            pods=self.observed.pods(self.key), now=now, settings=self.settings,
+            spec=spec, status={**self.status, **self._held}, generation=generation,
+            batch_job=self.observed.batch_job(self.key), pods=self.observed.pods(self.key), now=now,
+            settings=self.settings,
         )
         if plan.action is job_state.Action.CREATE_GANG:
             await self._create_gang(spec)  # create first: the status then says what exists
-            await self._write_status(plan.status)
+            self._hold(plan.status, until=now + datetime.timedelta(seconds=self.settings.first_status_delay_s))
+            await self._write_status({}, due=now)
         else:
             await self._write_status(plan.status)  # intent first: a restart is recorded before the gang goes
             if plan.action is not None:
                 await self._carry_out(plan.action, spec)
         self._post(plan.event)
         await self._read_progress(force=plan.status.get("phase") in _TERMINAL)
+        await self._write_status({}, due=now)  # held changes whose time has come
         ttl_left = job_state.seconds_until_ttl(self.status, now, self.settings)
-        return min(self.settings.resync_interval_s, ttl_left + 0.5) if ttl_left is not None else (
+        sleep_s = min(self.settings.resync_interval_s, ttl_left + 0.5) if ttl_left is not None else (
             self.settings.resync_interval_s)
+        if self._held_until is not None:
+            sleep_s = min(sleep_s, max(0.0, (self._held_until - now).total_seconds()))
+        return sleep_s
 
     def _validated_spec(self, generation: int) -> resources.EmbeddingJobSpec:
         """The spec, validated once per generation: every pod event wakes the runner, the spec rarely changes."""
@@ -130,16 +146,14 @@ class JobRunner:
         prefix = self.s3_prefix_of(self.tenant)
         checkpoint_uri = f"{prefix.rstrip('/')}/{self.name}" if prefix else None
         args = (self.name, self.namespace, self.uid, self.tenant)
-        side_children = [
-            job_manifests.config_map(*args, spec, default_checkpoint_uri=checkpoint_uri),
-            job_manifests.service(*args, self.settings),
-        ]
+        files = job_manifests.trainer_files(spec, default_checkpoint_uri=checkpoint_uri)
+        side_children = job_manifests.side_children(*args, spec, files, self.settings)
         manifest = job_manifests.batch_job(
-            *args, spec, attempt=attempt, settings=self.settings,
+            *args, spec, attempt=attempt, settings=self.settings, files=files,
             storage_policy=self.storage_policy_of(self.tenant) if self.storage_policy_of else None)
-        # All at once: the batch Job's pods need the ConfigMap only when their containers start (the kubelet waits
-        # for it) and the Service only at rendezvous. But once the batch Job exists no later pass creates the gang
-        # again, so the side children are retried here until they exist.
+        # All at once: the batch Job's pods need a ConfigMap (if any) only when their containers start (the kubelet
+        # waits for it) and the Service (if any) only at rendezvous. But once the batch Job exists no later pass
+        # creates the gang again, so the side children are retried here until they exist.
         outcomes = await asyncio.gather(self.kube.run(self.kube.create, manifest),
                                         self._ensure_side_children(side_children, spec), return_exceptions=True)
         for outcome in outcomes:
@@ -200,7 +214,16 @@ class JobRunner:
                     [("v1", "Secret", spec.report_token_secret)] if spec.report_token_secret else []):
                 await self.kube.run(self.kube.delete, api_version, kind, name, self.namespace)
 
-    async def _write_status(self, changes: dict[str, Any]) -> None:
+    def _hold(self, changes: dict[str, Any], *, until: datetime.datetime) -> None:
+        self._held.update(changes)
+        if self._held_until is None or until < self._held_until:
+            self._held_until = until
+
+    async def _write_status(self, changes: dict[str, Any], *, due: datetime.datetime | None = None) -> None:
+        """Merge-patches `changes` with whatever is held; with only held changes, once `due` reaches their time."""
+        if self._held and (changes or (due is not None and self._held_until is not None and due >= self._held_until)):
+            changes = {**self._held, **changes}
+            self._held, self._held_until = {}, None
         if not changes:
             return
         try:

@@ -102,6 +102,10 @@ class OperatorSettings(BaseSettings):
     resync_interval_s: float = Field(
         30, gt=0, description="A job is re-examined at least this often even if nothing changed (time-outs)."
     )
+    first_status_delay_s: float = Field(
+        5, ge=0, description="How long the first status of a new gang (ADMITTED) is held back: a gang whose pods "
+        "all run within it gets one status write (RUNNING) instead of two. 0 = write it at once."
+    )
     progress_interval_s: float = Field(
         30, gt=0, description="How often rank 0's log is read for progress and checkpoints while a job runs."
     )

@@ -14,6 +14,7 @@ from kembed_operator import diffbase
 from kembed_operator.kube import Kube, is_conflict
 from kembed_operator.observed import Observed
 from kembed_operator.settings import OperatorSettings
+from kembed_operator.views import JOB_LABEL
 
 _PREFIX = "kembed.io"
 
@@ -44,6 +45,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
     # Kopf logs every handler call at INFO ("Handler 'pod_changed' succeeded"): thousands of lines a minute under
     # load. What matters is in the resources' status and Events; warnings and errors still get logged.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # Only the pods and batch Jobs of EmbeddingJobs, filtered by the API server: the handlers' own label filters
+    # act after Kopf has received and decoded every pod and Job of the cluster.
+    settings.watching.label_selectors["v1", "pods"] = JOB_LABEL
+    settings.watching.label_selectors["batch/v1", "jobs"] = JOB_LABEL
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     if not ours.standalone:

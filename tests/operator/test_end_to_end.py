@@ -88,3 +88,19 @@ def test_a_two_node_cpu_gang_survives_a_killed_pod_and_resumes_from_its_s3_check
     assert done["phase"] == "SUCCEEDED", done
     assert done["restartCount"] == 1 and done["progress"]["percent"] == 100
     assert done["lastCheckpoint"]["uri"].endswith("/step-4000")
+
+
+def test_a_one_node_job_trains_from_the_files_in_its_pod_annotations(platform: Cluster, s3_server, local_operator):
+    """No Service and no ConfigMap: the launcher and config come through a downward-API volume, rank 0 is local."""
+    s3_server.create_bucket("kembed-test")
+    tenant = harness.tenant_name()
+    namespace = harness.create_tenant(platform, tenant)
+    job = (JobBuilder("single").cpu_only(procs_per_node=1, cpu=1, memory="2Gi")
+           .trainer(training={"steps": 20, "log_every": 10, "threads": 1}, checkpoint={"every_steps": 10})
+           .create(platform, tenant))
+
+    done = wait_phase(platform, namespace, job, "SUCCEEDED", "FAILED", timeout_s=300)
+    assert done["phase"] == "SUCCEEDED", done
+    assert done["lastCheckpoint"]["uri"] == f"s3://kembed-test/{tenant}/{job}/step-20"
+    assert not platform.core().list_namespaced_service(namespace).items
+    assert not platform.core().list_namespaced_config_map(namespace, label_selector=f"kembed.io/job={job}").items

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
-from tests.cluster.fixture import Cluster, wait_for
+from tests.cluster.fixture import Cluster, exists, wait_for
 from tests.operator import harness
 from tests.operator.harness import RUN_FOREVER, JobBuilder, fail_with, job_pods, wait_phase
 
@@ -39,8 +40,20 @@ def test_a_gang_runs_as_an_indexed_job_on_gpu_nodes_and_succeeds(platform: Clust
     harness.wait_events(platform, tenant, job, "Created", "GangRunning", "Completed")
     service = platform.core().read_namespaced_service(job, tenant)
     assert service.spec.cluster_ip == "None" and service.spec.publish_not_ready_addresses
-    config = platform.core().read_namespaced_config_map(job, tenant)
-    assert f"uri: s3://kembed-test/{tenant.removeprefix('kembed-')}/{job}" in config.data["config.yaml"]
+    # The trainer's config travels in the pods' annotations (a downward-API volume): no ConfigMap per job.
+    config = yaml.safe_load(pods[0].metadata.annotations["kembed.io/trainer-config"])
+    assert config["checkpoint"]["uri"] == f"s3://kembed-test/{tenant.removeprefix('kembed-')}/{job}"
+    assert not exists(lambda: platform.core().read_namespaced_config_map(job, tenant))
+
+
+def test_a_one_node_job_is_only_its_batch_job(platform: Cluster, tenant: str):
+    job = JobBuilder("single").gpus(1).create(platform, tenant.removeprefix("kembed-"))
+    done = wait_phase(platform, tenant, job, "SUCCEEDED", "FAILED", timeout_s=30)
+    assert done["phase"] == "SUCCEEDED", done
+    [pod] = job_pods(platform, tenant, job)
+    assert "--master-addr=127.0.0.1" in pod.spec.containers[0].args and not pod.spec.subdomain
+    assert not exists(lambda: platform.core().read_namespaced_service(job, tenant))
+    assert not exists(lambda: platform.core().read_namespaced_config_map(job, tenant))
 
 
 def test_a_killed_pod_restarts_the_whole_gang_from_the_next_attempt(platform: Cluster, tenant: str):

@@ -1,0 +1,76 @@
+"""What the operator writes for a job (pure, no cluster): the batch Job, and only the side objects it needs."""
+
+from __future__ import annotations
+
+import yaml
+
+from kembed_api import resources
+from kembed_operator import job_manifests
+from kembed_operator.settings import OperatorSettings
+from tests.operator.harness import JobBuilder
+
+ARGS = ("demo", "kembed-acme", "uid-1", "acme")
+CHECKPOINTS = "s3://kembed-test/acme/demo"
+
+
+def _spec(builder: JobBuilder) -> resources.EmbeddingJobSpec:
+    return resources.EmbeddingJobSpec.model_validate(builder.manifest("acme")["spec"])
+
+
+def _children(builder: JobBuilder) -> tuple[dict, list[dict]]:
+    spec, settings = _spec(builder), OperatorSettings()
+    files = job_manifests.trainer_files(spec, default_checkpoint_uri=CHECKPOINTS)
+    return (job_manifests.batch_job(*ARGS, spec, attempt=0, settings=settings, files=files),
+            job_manifests.side_children(*ARGS, spec, files, settings))
+
+
+def _volume(job: dict, name: str) -> dict:
+    return next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == name)
+
+
+def _file_from_annotation(job: dict, path: str) -> str:
+    """What the kubelet writes at CONFIG_MOUNT/<path>: the annotation the downward-API item names."""
+    item = next(i for i in _volume(job, "config")["downwardAPI"]["items"] if i["path"] == path)
+    key = item["fieldRef"]["fieldPath"].removeprefix("metadata.annotations['").removesuffix("']")
+    return job["spec"]["template"]["metadata"]["annotations"][key]
+
+
+def test_a_one_node_job_is_only_its_batch_job():
+    job, side = _children(JobBuilder("one").gpus(1))
+    assert side == []
+    pod = job["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert "--nnodes=1" in args and "--master-addr=127.0.0.1" in args  # rank 0 is in the pod itself
+    assert "subdomain" not in pod
+    config = yaml.safe_load(_file_from_annotation(job, "config.yaml"))
+    assert config["checkpoint"]["uri"] == CHECKPOINTS
+    assert config["model"] == _spec(JobBuilder("one")).trainer.model.model_dump(mode="json")
+    assert "def main(argv=None)" in _file_from_annotation(job, "launch.py")
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["config"] == job_manifests.CONFIG_MOUNT
+    assert f"{job_manifests.CONFIG_MOUNT}/launch.py" in args and f"{job_manifests.CONFIG_MOUNT}/config.yaml" in args
+
+
+def test_a_gang_gets_the_headless_service_its_ranks_find_rank_0_through():
+    job, side = _children(JobBuilder("gang").nodes(3).gpus(2))
+    assert [(c["kind"], c["metadata"]["name"]) for c in side] == [("Service", "demo")]
+    service = side[0]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"]
+    assert service["spec"]["selector"] == {"kembed.io/job": "demo"}
+    assert service["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["subdomain"] == "demo" and "--master-addr=demo-0.demo" in pod["containers"][0]["args"]
+    assert "downwardAPI" in _volume(job, "config")
+
+
+def test_a_config_too_large_for_annotations_goes_into_a_config_map():
+    tables = [{"name": f"t{i}", "num_embeddings": 10, "embedding_dim": 8, "features": [f"feature_{i:05d}"]}
+              for i in range(2000)]
+    builder = JobBuilder("big").gpus(1).trainer(embeddings={"tables": tables})
+    job, side = _children(builder)
+    assert [(c["kind"], c["metadata"]["name"]) for c in side] == [("ConfigMap", "demo")]
+    config_map = side[0]
+    assert len(config_map["data"]["config.yaml"].encode()) > job_manifests.MAX_INLINE_CONFIG_BYTES
+    assert yaml.safe_load(config_map["data"]["config.yaml"])["checkpoint"]["uri"] == CHECKPOINTS
+    assert _volume(job, "config")["configMap"] == {"name": "demo"}
+    assert "annotations" not in job["spec"]["template"]["metadata"]
