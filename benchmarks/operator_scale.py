@@ -1,22 +1,34 @@
-"""Operator at scale: 500 EmbeddingJobs across 10 tenants on 100 fake 8-GPU nodes (not a timed test).
+"""Operator at scale, against the control plane's own floor (not a timed test).
 
-    .venv/bin/python -m benchmarks.operator_scale [--jobs 500 --tenants 10 --nodes 100]
+    .venv/bin/python -m benchmarks.operator_scale [--jobs 500 --tenants 10 --nodes 100 --threads 8]
 
-Starts its own control plane (tests/cluster), installs the CRDs and the chart's operator RBAC, runs one operator
-replica under that identity, then creates the jobs as fast as 8 client threads can. Each job is 1 pod with
-1 GPU that runs 1 s on a fake node (kwok's default stage). Reported: jobs/s from the first CR created to the last
-job's pods all scheduled (bound to a node), the same for the operator's own part (CR created to its batch Job
-created), the p50/p99 latency of each job from its CR created to its pods scheduled, and the operator's CPU
-seconds and peak RSS (from /proc) over the run. Also where each job's time goes after the operator (batch Job ->
-pod created by the Job controller -> pod bound by the scheduler), how long creating the CRs took, the CPU seconds
-of every control-plane process, and the load average (the machine is shared). Targets (issue 5): >= 50 jobs/s, p99 < 5 s.
+One control plane (tests/cluster) with 100 fake 8-GPU nodes, the CRDs and the chart's operator RBAC, 10 tenants.
+Two phases on it, one after the other, each the same 500 single-pod jobs (1 GPU, 1 s of fake run time) created as
+fast as 8 client threads can, spread over the tenants' namespaces:
 
-`--profile out.txt` samples the operator with py-spy (raw format, GIL-holding samples) during the run.
+- floor: the very batch Jobs the operator would make for those jobs (job_manifests.batch_job, without the owner),
+  created directly; no operator runs. This is what the control plane itself costs per job.
+- kembed: the EmbeddingJobs, with one operator replica (under the chart's RBAC) making the batch Jobs.
+
+Both phases create through the same raw client call (POST, the response not decoded into models), so the client
+costs the same per object. For each phase: jobs/s from the first object created to the last job's pod scheduled
+(bound to a node), p50/p99 of each job's time from created to pod scheduled, how long the creates took, the CPU
+seconds of every process (kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kwok, the operator and
+this client process with its watches) from the first create until every job has finished, and the API requests
+per job by verb and resource (the API server's own apiserver_request_total). Then kembed's figures as ratios to
+the floor's. Target (issue 19): kembed >= 0.8x the floor's jobs/s with p99 <= 1.5x the floor's.
+
+`--profile out.txt` samples the operator with py-spy (raw format, GIL-holding samples) during its phase.
+`--pprof DIR` runs kube-apiserver with profiling on and keeps a CPU profile of it for each phase
+(DIR/apiserver-<phase>.pprof, the first `--pprof-seconds` of the phase; read with `go tool pprof -top`).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import dataclasses
+import json
 import os
 import pathlib
 import signal
@@ -26,20 +38,36 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes import watch
+from prometheus_client.parser import text_string_to_metric_families
 
+from kembed_api import resources
+from kembed_operator import job_manifests
+from kembed_operator.settings import OperatorSettings
+from kembed_operator.views import ATTEMPT_LABEL, JOB_LABEL
 from tests.cluster import controlplane
 from tests.cluster.fixture import Cluster, wait_for
 from tests.operator import harness
+
+# The floor's objects carry this label instead of the operator's, so no kembed code ever sees them.
+FLOOR_LABEL = "bench.kembed.io/floor-job"
+PROCESSES = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok", "operator", "client")
 
 
 def _proc_cpu_s(pid: int) -> float:
     fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])  # utime stime cutime cstime
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system
 
 
 def _peak_rss_mib(pid: int) -> float:
@@ -49,12 +77,9 @@ def _peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def _percentiles(values: list[float]) -> str:
-    if not values:
-        return "n/a"
+def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-    return f"p50 {statistics.median(ordered):.2f} s, p99 {p99:.2f} s"
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def _load() -> str:
@@ -67,18 +92,237 @@ def _start_profiler(pid: int, out: str) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
+def _requests(api: k8s.ApiClient) -> collections.Counter:
+    """apiserver_request_total summed by (verb, resource[/subresource]): what every client asked so far."""
+    text = api.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False)[0].data.decode()
+    counts: collections.Counter = collections.Counter()
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            if sample.name != "apiserver_request_total":
+                continue
+            labels = sample.labels
+            resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+            counts[(labels.get("verb", ""), resource)] += sample.value
+    return counts
+
+
+def _apiserver_profile(api: k8s.ApiClient, out: pathlib.Path, seconds: int) -> None:
+    """kube-apiserver's own CPU profile (Go pprof) over the next `seconds`."""
+    response = api.call_api(f"/debug/pprof/profile?seconds={seconds}", "GET", auth_settings=["BearerToken"],
+                            _preload_content=False, _request_timeout=seconds + 60)[0]
+    out.write_bytes(response.data)
+
+
+def _post(api: k8s.ApiClient, path: str, body: dict[str, Any]) -> None:
+    """One create, the response left undecoded: the floor and kembed pay the same client cost per object."""
+    api.call_api(path, "POST", body=body, header_params={"Content-Type": "application/json"},
+                 auth_settings=["BearerToken"], _preload_content=False, _request_timeout=60)
+
+
+@dataclasses.dataclass
+class PhaseResult:
+    name: str
+    num_jobs: int
+    creation_s: float
+    jobs_per_s: float
+    p50_s: float
+    p99_s: float
+    cpu_s: dict[str, float]
+    until_done_s: float
+    requests: collections.Counter
+    missing: int
+
+
+class Phase:
+    """Creates `bodies` (path, body, job name) with `threads` clients and follows them to scheduled and done."""
+
+    def __init__(self, name: str, cluster: Cluster, pids: dict[str, int], *, pod_label: str,
+                 done_watch: Callable[[k8s.ApiClient], tuple[Callable[..., Any], Callable[[dict], str | None]]],
+                 threads: int) -> None:
+        self.name, self.cluster, self.pids, self.pod_label = name, cluster, pids, pod_label
+        self.done_watch, self.threads = done_watch, threads
+        self.created_at: dict[str, float] = {}
+        self.scheduled_at: dict[str, float] = {}
+        self.done: set[str] = set()
+        self.all_done = threading.Event()
+        self.num_jobs = 0
+
+    def _follow_pods(self, ready: threading.Event) -> None:
+        core = k8s.CoreV1Api(self.cluster.api_client())
+        stream = watch.Watch()
+        ready.set()
+        for event in stream.stream(core.list_pod_for_all_namespaces, label_selector=self.pod_label,
+                                   timeout_seconds=900):
+            pod = event["raw_object"]
+            job = pod["metadata"]["labels"][self.pod_label]
+            if pod["spec"].get("nodeName") and job not in self.scheduled_at:
+                self.scheduled_at[job] = time.monotonic()
+            if len(self.scheduled_at) >= self.num_jobs:
+                stream.stop()
+
+    def _follow_done(self, ready: threading.Event) -> None:
+        api = self.cluster.api_client()
+        list_fn, finished = self.done_watch(api)
+        stream = watch.Watch()
+        ready.set()
+        for event in stream.stream(list_fn, timeout_seconds=900):
+            name = finished(event["raw_object"])
+            if name:
+                self.done.add(name)
+            if len(self.done) >= self.num_jobs:
+                self.all_done.set()
+                stream.stop()
+
+    def run(self, bodies: list[tuple[str, dict[str, Any], str]], *, on_started: Callable[[], None] | None = None,
+            pprof: tuple[pathlib.Path, int] | None = None) -> PhaseResult:
+        self.num_jobs = len(bodies)
+        admin = self.cluster.api_client()
+        followers = []
+        for target in (self._follow_pods, self._follow_done):
+            ready = threading.Event()
+            thread = threading.Thread(target=target, args=(ready,), daemon=True)
+            thread.start()
+            ready.wait()
+            followers.append(thread)
+        time.sleep(1)  # the watches are open
+        requests_before = _requests(admin)
+        cpu_before = {name: _proc_cpu_s(pid) for name, pid in self.pids.items()} | {"client": _own_cpu_s()}
+        clients = [self.cluster.api_client() for _ in range(self.threads)]
+        local = threading.local()
+        counter = iter(range(len(clients)))
+        lock = threading.Lock()
+
+        def create(item: tuple[str, dict[str, Any], str]) -> None:
+            if not hasattr(local, "api"):
+                with lock:
+                    local.api = clients[next(counter)]
+            path, body, job = item
+            self.created_at[job] = time.monotonic()
+            _post(local.api, path, body)
+
+        if on_started is not None:
+            on_started()
+        profiler = None
+        if pprof is not None:
+            profiler = threading.Thread(target=_apiserver_profile, args=(admin, *pprof), daemon=True)
+            profiler.start()
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=self.threads) as pool:
+            list(pool.map(create, bodies))
+        creation_s = time.monotonic() - started
+        followers[0].join(timeout=600)
+        self.all_done.wait(timeout=600)
+        until_done_s = time.monotonic() - started
+        if profiler is not None:
+            profiler.join(timeout=120)
+        cpu = {name: _proc_cpu_s(pid) - cpu_before[name] for name, pid in self.pids.items()}
+        cpu["client"] = _own_cpu_s() - cpu_before["client"]
+        requests = _requests(admin) - requests_before
+        latencies = [self.scheduled_at[j] - self.created_at[j] for j in self.created_at if j in self.scheduled_at]
+        elapsed = max(self.scheduled_at.values()) - started
+        return PhaseResult(
+            name=self.name, num_jobs=len(bodies), creation_s=creation_s, jobs_per_s=len(latencies) / elapsed,
+            p50_s=statistics.median(latencies), p99_s=_pct(latencies, 0.99), cpu_s=cpu, until_done_s=until_done_s,
+            requests=requests, missing=len(bodies) - len(latencies),
+        )
+
+
+def _floor_bodies(specs: list[tuple[str, str, resources.EmbeddingJobSpec]], settings: OperatorSettings,
+                  ) -> list[tuple[str, dict[str, Any], str]]:
+    """The batch Jobs the operator would make for these jobs, relabelled and without an owner."""
+    bodies = []
+    for namespace, name, spec in specs:
+        tenant = namespace.removeprefix(resources.NAMESPACE_PREFIX)
+        files = job_manifests.trainer_files(spec, default_checkpoint_uri=f"s3://kembed-test/{tenant}/{name}")
+        body = job_manifests.batch_job(name, namespace, "0", tenant, spec, attempt=0, settings=settings, files=files)
+        for meta in (body["metadata"], body["spec"]["template"]["metadata"]):
+            labels = meta["labels"]
+            labels[FLOOR_LABEL] = labels.pop(JOB_LABEL)
+            labels.pop(ATTEMPT_LABEL, None)
+        del body["metadata"]["ownerReferences"]
+        bodies.append((f"/apis/batch/v1/namespaces/{namespace}/jobs", body, name))
+    return bodies
+
+
+def _floor_done(api: k8s.ApiClient):
+    batch = k8s.BatchV1Api(api)
+
+    def finished(job: dict) -> str | None:
+        conditions = (job.get("status") or {}).get("conditions") or []
+        if any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in conditions):
+            return job["metadata"]["name"]
+        return None
+
+    return (lambda **kw: batch.list_job_for_all_namespaces(label_selector=FLOOR_LABEL, **kw)), finished
+
+
+def _kembed_done(api: k8s.ApiClient):
+    custom = k8s.CustomObjectsApi(api)
+    terminal = harness.TERMINAL
+
+    def finished(job: dict) -> str | None:
+        return job["metadata"]["name"] if (job.get("status") or {}).get("phase") in terminal else None
+
+    return (lambda **kw: custom.list_cluster_custom_object(resources.GROUP, resources.VERSION,
+                                                           resources.EMBEDDING_JOB_PLURAL, **kw)), finished
+
+
+def _print_results(floor: PhaseResult, kembed: PhaseResult, operator_rss: float) -> None:
+    print("\n| phase | jobs | creates took | jobs/s (created -> pod scheduled) | p50 | p99 | until all finished | "
+          + " | ".join(f"CPU s {p}" for p in PROCESSES) + " | CPU ms per job, all processes |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in PROCESSES) + " | ---: |")
+    for r in (floor, kembed):
+        total = sum(r.cpu_s.values())
+        print(f"| {r.name} | {r.num_jobs} | {r.creation_s:.1f} s | {r.jobs_per_s:.1f} | {r.p50_s:.2f} s | "
+              f"{r.p99_s:.2f} s | {r.until_done_s:.1f} s | "
+              + " | ".join(f"{r.cpu_s.get(p, 0.0):.1f}" for p in PROCESSES)
+              + f" | {1000 * total / r.num_jobs:.0f} |")
+    ratio = kembed.jobs_per_s / floor.jobs_per_s
+    p99_ratio = kembed.p99_s / floor.p99_s
+    cpu_ratio = sum(kembed.cpu_s.values()) / sum(floor.cpu_s.values())
+    api_ratio = kembed.cpu_s["kube-apiserver"] / floor.cpu_s["kube-apiserver"]
+    print(f"\nkembed / floor: jobs/s {ratio:.2f}x (target >= 0.8x), p99 {p99_ratio:.2f}x (target <= 1.5x), "
+          f"CPU of all processes {cpu_ratio:.2f}x, kube-apiserver CPU {api_ratio:.2f}x; "
+          f"operator peak RSS {operator_rss:.0f} MiB")
+    for r in (floor, kembed):
+        if r.missing:
+            print(f"{r.name}: {r.missing} jobs never got their pod scheduled")
+    print("\nAPI requests per job (apiserver_request_total over each phase; WATCH = watches opened):")
+    keys = sorted(set(floor.requests) | set(kembed.requests),
+                  key=lambda k: (-(kembed.requests[k] + floor.requests[k]), k))
+    print("| verb | resource | floor | kembed |")
+    print("| --- | --- | ---: | ---: |")
+    for key in keys:
+        f, k = floor.requests[key] / floor.num_jobs, kembed.requests[key] / kembed.num_jobs
+        if f >= 0.005 or k >= 0.005:
+            print(f"| {key[0]} | {key[1]} | {f:.2f} | {k:.2f} |")
+    print(f"| all | | {sum(floor.requests.values()) / floor.num_jobs:.1f} | "
+          f"{sum(kembed.requests.values()) / kembed.num_jobs:.1f} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--tenants", type=int, default=10)
     parser.add_argument("--nodes", type=int, default=100)
-    parser.add_argument("--profile", metavar="OUT", help="py-spy raw profile of the operator during the run")
+    parser.add_argument("--threads", type=int, default=8, help="client threads creating the objects")
+    parser.add_argument("--profile", metavar="OUT", help="py-spy raw profile of the operator during its phase")
+    parser.add_argument("--json", metavar="OUT", help="also write both phases' figures as JSON")
+    parser.add_argument("--pprof", metavar="DIR", type=pathlib.Path, help="kube-apiserver CPU profile per phase")
+    parser.add_argument("--pprof-seconds", type=int, default=15)
     args = parser.parse_args()
     print(f"start: {_load()}", flush=True)
 
     run_dir = controlplane.runs_root() / f"bench-operator-{int(time.time())}"
-    plane = controlplane.ControlPlane(run_dir, controlplane.ClusterConfig(num_gpu_nodes=args.nodes),
-                                      owner_pid=os.getpid())
+    config = controlplane.ClusterConfig(num_gpu_nodes=args.nodes,
+                                        apiserver_flags=("--profiling=true",) if args.pprof else ())
+    plane = controlplane.ControlPlane(run_dir, config, owner_pid=os.getpid())
+    pprof = None
+    if args.pprof:
+        args.pprof.mkdir(parents=True, exist_ok=True)
+        pprof = lambda phase: (args.pprof / f"apiserver-{phase}.pprof", args.pprof_seconds)  # noqa: E731
     plane.start()
     cluster = Cluster(plane)
     operator = None
@@ -92,88 +336,53 @@ def main() -> int:
         tenants = [harness.tenant_name() for _ in range(args.tenants)]
         for tenant in tenants:
             harness.create_tenant(cluster, tenant, gpus=8 * args.nodes)
-        builders = [harness.JobBuilder(f"b{i}").gpus(1) for i in range(args.jobs)]
-        for builder in builders:
-            builder.spec["labels"] = {}
-        created_at: dict[str, float] = {}
-        scheduled_at: dict[str, float] = {}
-        pod_seen_at: dict[str, float] = {}  # the Job controller created the job's (first) pod
-        done = threading.Event()
+        settings = OperatorSettings(**{k: v for k, v in operator.settings.items()})
+        pids = {name: pid for name, pid in plane.pgids.items() if name != "kubelet"}
 
-        def follow_pods():
-            core = k8s.CoreV1Api(cluster.api_client())
-            stream = watch.Watch()
-            for event in stream.stream(core.list_pod_for_all_namespaces, label_selector="kembed.io/job",
-                                       timeout_seconds=600):
-                pod = event["object"]
-                job = pod.metadata.labels.get("kembed.io/job")
-                pod_seen_at.setdefault(job, time.monotonic())
-                if pod.spec.node_name and job not in scheduled_at:
-                    scheduled_at[job] = time.monotonic()
-                if done.is_set() or len(scheduled_at) >= args.jobs:
-                    stream.stop()
+        def job_specs(prefix: str) -> list[tuple[str, str, resources.EmbeddingJobSpec, dict[str, Any]]]:
+            out = []
+            for i in range(args.jobs):
+                builder = harness.JobBuilder(f"{prefix}{i}").gpus(1)
+                builder.spec["labels"] = {}
+                tenant = tenants[i % len(tenants)]
+                manifest = builder.manifest(tenant)
+                spec = resources.EmbeddingJobSpec.model_validate(manifest["spec"])
+                out.append((resources.tenant_namespace(tenant), builder.job_id, spec, manifest))
+            return out
 
-        def follow_batch_jobs():
-            batch = k8s.BatchV1Api(cluster.api_client())
-            stream = watch.Watch()
-            for event in stream.stream(batch.list_job_for_all_namespaces, label_selector="kembed.io/job",
-                                       timeout_seconds=600):
-                job_created_at.setdefault(event["object"].metadata.name, time.monotonic())
-                if done.is_set() or len(job_created_at) >= args.jobs:
-                    stream.stop()
+        # The operator is stopped while the floor runs: the floor is the control plane alone.
+        operator.stop()
+        floor_jobs = job_specs("f")
+        floor = Phase("floor (plain batch Jobs)", cluster, pids, pod_label=FLOOR_LABEL, done_watch=_floor_done,
+                      threads=args.threads).run(_floor_bodies([(n, j, s) for n, j, s, _ in floor_jobs], settings),
+                                                pprof=pprof("floor") if pprof else None)
+        print(f"floor done: {_load()}", flush=True)
 
-        job_created_at: dict[str, float] = {}
-        follower = threading.Thread(target=follow_pods, daemon=True)
-        follower.start()
-        threading.Thread(target=follow_batch_jobs, daemon=True).start()
-        time.sleep(1)
-        cpu_before = _proc_cpu_s(operator.process.pid)
-        components = dict(plane.pgids) | {"operator": operator.process.pid}
-        components_before = {name: _proc_cpu_s(pid) for name, pid in components.items()}
-        profiler = _start_profiler(operator.process.pid, args.profile) if args.profile else None
+        operator.start()
+        wait_for(lambda: "kembed operator configured" in operator.log(), timeout_s=60, what="operator started")
+        time.sleep(5)  # its watches listed what exists (the floor's objects among them)
+        kembed_jobs = job_specs("k")
+        kembed_bodies = [(f"/apis/{resources.GROUP}/{resources.VERSION}/namespaces/{n}/"
+                          f"{resources.EMBEDDING_JOB_PLURAL}", m, j) for n, j, _, m in kembed_jobs]
+        profiler = None
 
-        def create(i: int) -> None:
-            builder = builders[i]
-            created_at[builder.job_id] = time.monotonic()
-            builder.create(cluster, tenants[i % len(tenants)])
+        def start_profiler() -> None:
+            nonlocal profiler
+            if args.profile:
+                profiler = _start_profiler(operator.process.pid, args.profile)
 
-        started = time.monotonic()
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(create, range(args.jobs)))
-        creation_s = time.monotonic() - started
-        follower.join(timeout=600)
-        done.set()
-        cpu = _proc_cpu_s(operator.process.pid) - cpu_before
-        components_cpu = {name: _proc_cpu_s(pid) - components_before[name] for name, pid in components.items()}
+        kembed_phase = Phase("kembed (EmbeddingJobs + operator)", cluster, pids | {"operator": operator.process.pid},
+                             pod_label=JOB_LABEL, done_watch=_kembed_done, threads=args.threads)
+        kembed = kembed_phase.run(kembed_bodies, on_started=start_profiler, pprof=pprof("kembed") if pprof else None)
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C, not on SIGTERM
             profiler.wait(timeout=60)
-        rss = _peak_rss_mib(operator.process.pid)
-        missing = [j for j in created_at if j not in scheduled_at]
-        latencies = sorted(scheduled_at[j] - created_at[j] for j in created_at if j in scheduled_at)
-        elapsed = max(scheduled_at.values()) - started
-        operator_latencies = sorted(job_created_at[j] - created_at[j] for j in created_at if j in job_created_at)
-        operator_elapsed = max(job_created_at.values()) - started
-        p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
-        print("| jobs | tenants | fake nodes | jobs/s (created -> all pods scheduled) | p50 | p99 | operator CPU | "
-              "operator peak RSS |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-        print(f"| {args.jobs} | {args.tenants} | {args.nodes} | {len(latencies) / elapsed:.1f} | "
-              f"{statistics.median(latencies):.2f} s | {p99:.2f} s | {cpu:.1f} s | {rss:.0f} MiB |")
-        op_p99 = operator_latencies[min(len(operator_latencies) - 1, int(0.99 * len(operator_latencies)))]
-        print(f"\noperator alone (CR created -> its batch Job created): {len(operator_latencies) / operator_elapsed:.1f} "
-              f"jobs/s, p50 {statistics.median(operator_latencies):.2f} s, p99 {op_p99:.2f} s")
-        print(f"the {args.jobs} CRs were created in {creation_s:.1f} s ({args.jobs / creation_s:.1f}/s): "
-              "no figure above can beat that rate")
-        print("after the operator: batch Job created -> pod created (Job controller): "
-              + _percentiles([pod_seen_at[j] - job_created_at[j] for j in job_created_at if j in pod_seen_at])
-              + "; pod created -> bound (scheduler): "
-              + _percentiles([scheduled_at[j] - pod_seen_at[j] for j in pod_seen_at if j in scheduled_at]))
-        print(f"CPU seconds over {elapsed:.1f} s: "
-              + ", ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(components_cpu.items())))
         print(f"end: {_load()}")
-        if missing:
-            print(f"{len(missing)} jobs never got their pods scheduled")
+        _print_results(floor, kembed, _peak_rss_mib(operator.process.pid))
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(
+                [dict(dataclasses.asdict(r), requests={f"{v} {res}": n for (v, res), n in r.requests.items()})
+                 for r in (floor, kembed)], indent=2))
         forbidden = operator.forbidden_lines()
         if forbidden:
             print("RBAC refusals:", *forbidden[:5], sep="\n")

@@ -126,6 +126,9 @@ class ClusterConfig:
     local_node_gpus: int = 8
     local_node_cpu: str = "16"
     local_node_memory: str = "64Gi"
+    # Extra kube-apiserver flags, after the defaults (the last of a repeated flag wins), e.g. ("--profiling=true",)
+    # for benchmarks/operator_scale.py --pprof.
+    apiserver_flags: tuple[str, ...] = ()
 
 
 def free_port() -> int:
@@ -407,6 +410,7 @@ class ControlPlane:
                 f"--kubelet-certificate-authority={pki.ca_cert}",
                 "--kubelet-preferred-address-types=InternalIP",
                 "--profiling=false",
+                *self.config.apiserver_flags,
             ],
         )
 
