@@ -64,8 +64,8 @@ def test_a_gang_gets_the_headless_service_its_ranks_find_rank_0_through():
 
 
 def test_a_config_too_large_for_annotations_goes_into_a_config_map():
-    tables = [{"name": f"t{i}", "num_embeddings": 10, "embedding_dim": 8, "features": [f"feature_{i:05d}"]}
-              for i in range(2000)]
+    tables = [{"name": f"t{i}", "num_embeddings": 10, "embedding_dim": 8,
+               "features": [f"feature_{i:04d}_{j}" for j in range(4)]} for i in range(800)]
     builder = JobBuilder("big").gpus(1).trainer(embeddings={"tables": tables})
     job, side = _children(builder)
     assert [(c["kind"], c["metadata"]["name"]) for c in side] == [("ConfigMap", "demo")]
