@@ -92,9 +92,13 @@ def _start_profiler(pid: int, out: str) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
+def _body(response: Any) -> bytes:
+    return (response[0] if isinstance(response, tuple) else response).data
+
+
 def _requests(api: k8s.ApiClient) -> collections.Counter:
     """apiserver_request_total summed by (verb, resource[/subresource]): what every client asked so far."""
-    text = api.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False)[0].data.decode()
+    text = _body(api.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False)).decode()
     counts: collections.Counter = collections.Counter()
     for family in text_string_to_metric_families(text):
         if family.name != "apiserver_request":
@@ -110,9 +114,8 @@ def _requests(api: k8s.ApiClient) -> collections.Counter:
 
 def _apiserver_profile(api: k8s.ApiClient, out: pathlib.Path, seconds: int) -> None:
     """kube-apiserver's own CPU profile (Go pprof) over the next `seconds`."""
-    response = api.call_api(f"/debug/pprof/profile?seconds={seconds}", "GET", auth_settings=["BearerToken"],
-                            _preload_content=False, _request_timeout=seconds + 60)[0]
-    out.write_bytes(response.data)
+    out.write_bytes(_body(api.call_api(f"/debug/pprof/profile?seconds={seconds}", "GET", auth_settings=["BearerToken"],
+                                       _preload_content=False, _request_timeout=seconds + 60)))
 
 
 def _post(api: k8s.ApiClient, path: str, body: dict[str, Any]) -> None:
