@@ -46,7 +46,7 @@ from kubernetes import client as k8s
 from kubernetes import watch
 from prometheus_client.parser import text_string_to_metric_families
 
-from kembed_api import resources
+from kembed_contract import resources
 from kembed_operator import job_manifests
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import ATTEMPT_LABEL, JOB_LABEL

@@ -73,6 +73,13 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             out["maximum"], out["exclusiveMaximum"] = value, True
         elif key in _KEPT_KEYWORDS:
             out[key] = value
+    for bound in ("minimum", "maximum"):
+        # The API server reads bounds as float64, and ±2**63 - 1 overflows on the way back to an integer (a seed
+        # bounded by int64 was refused as "less than or equal to -9223372036854775808"): bounds past 2**53 are
+        # left to pydantic, which checks them in the API and the operator anyway.
+        if isinstance(out.get(bound), int) and abs(out[bound]) > 2**53:
+            del out[bound]
+            out.pop(f"exclusive{bound.capitalize()}", None)
     if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
         out["x-kubernetes-preserve-unknown-fields"] = True
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from kembed_api import resources
+from kembed_contract import resources
 from kembed_operator import job_manifests
 from kembed_operator.settings import OperatorSettings
 from tests.operator.harness import JobBuilder
