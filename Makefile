@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 export PIP_CACHE_DIR ?= $(HOME)/.cache/kembed/pip
 export KEMBED_CACHE ?= $(HOME)/.cache/kembed
 
-.PHONY: install demo test lint clean cluster-bins manifests system-deps bench-deps
+.PHONY: install demo test lint clean cluster-bins manifests system-deps bench-deps images image-deps
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt tests/data-requirements.txt
@@ -38,6 +38,16 @@ bench-deps: install
 # The test Kubernetes control plane (etcd, kube-*, kwok, helm) built from Go modules into $(KEMBED_CACHE)/bin.
 cluster-bins:
 	bash tests/cluster/build.sh
+
+# Both images built here without a Docker engine (a Debian-made base, buildah, vfs storage) and pushed to a
+# registry on 127.0.0.1, each cached by a hash of its inputs under $(KEMBED_CACHE) (tests/images/build.sh).
+# Not a step of `make test`: a cold build takes ~30 minutes here, most of it the trainer's CUDA torch wheel.
+images: image-deps
+	bash tests/images/build.sh
+
+image-deps:
+	@command -v mmdebstrap >/dev/null && command -v buildah >/dev/null && command -v runc >/dev/null || \
+		{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq mmdebstrap buildah runc; }
 
 # The CRDs in the Helm chart, generated from the pydantic models (tests/operator/test_manifests.py checks drift).
 manifests: install

@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# `make images`: both Dockerfiles built on this machine without a Docker engine, and pushed to a registry on
+# 127.0.0.1 (see docs/testing.md, "Images"). Needs root and Debian's mmdebstrap, buildah and runc (`make images`
+# installs them).
+#
+#   base      a Python 3.11 bookworm root filesystem from Debian's packages (mmdebstrap), a venv first on PATH
+#             (where the official python image has /usr/local); what the Dockerfiles get as --build-arg BASE.
+#   platform  Dockerfile, FROM that base.
+#   trainer   trainer_image/Dockerfile, FROM that base: the CPU path of the same torch wheel (no CUDA base here).
+#
+# Every image is tagged with a hash of its inputs (the base's: this script's base recipe; the others': their
+# Dockerfile, every file of the build context they copy, and the base's tag), kept in buildah's vfs storage under
+# $KEMBED_CACHE/containers and skipped when that tag exists: a warm run takes seconds. The registry (built from
+# its Go module, cached like the control-plane binaries) serves $KEMBED_CACHE/registry on a free port for the
+# push and stops again; `tests/images/registry.py` starts it for the tests.
+#
+# Package downloads inside the builds need this machine's CA certificates (its egress goes through a proxy with
+# a local CA). They are bind-mounted for the build's RUN steps only (-v, like a secret): the layers keep the
+# base's own Debian bundle, and the script checks that no published image differs from it.
+#
+#   IMAGES="platform" bash tests/images/build.sh     # only some of them (default: base platform trainer)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+# shellcheck source=../cluster/versions.env
+source "$repo/tests/cluster/versions.env"
+
+cache="${KEMBED_CACHE:-$HOME/.cache/kembed}"
+images="${IMAGES:-base platform trainer}"
+export BUILDAH_ISOLATION=chroot
+storage=(--root "$cache/containers/storage" --runroot "$cache/containers/run" --storage-driver vfs)
+bah() { buildah "${storage[@]}" "$@"; }
+log() { printf '[images] %s\n' "$*" >&2; }
+seconds() { date +%s; }
+
+[[ "$(id -u)" == 0 ]] || { log "needs root (buildah with vfs storage and chroot isolation, no user namespaces)"; exit 1; }
+for tool in mmdebstrap buildah runc; do
+  command -v "$tool" >/dev/null || { log "$tool missing: apt-get install -y mmdebstrap buildah runc"; exit 1; }
+done
+mkdir -p "$cache/containers" "$cache/images"
+
+exists() { bah inspect --type image "$1" >/dev/null 2>&1; }
+
+# hash_inputs FILE...: one hash over the named files' paths and contents (directories: every file below them,
+# caches left out), so any edit to what an image copies gives it a new tag.
+hash_inputs() {
+  (cd "$repo" && find "$@" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | LC_ALL=C sort -z |
+    xargs -0 sha256sum) | sha256sum | cut -c1-16
+}
+
+# ---- base ---------------------------------------------------------------------------------------------------------
+# The recipe's every input is in these lines; change one and the base (and so every image on it) is rebuilt.
+base_suites=(bookworm bookworm-updates bookworm-security)
+base_packages=python3,python3-venv,ca-certificates,passwd
+base_recipe="mmdebstrap --variant=apt $base_packages ${base_suites[*]} venv=/opt/venv $(mmdebstrap --version)"
+base_tag="localhost/kembed/base:$(printf '%s' "$base_recipe" | sha256sum | cut -c1-16)"
+
+build_base() {
+  exists "$base_tag" && { log "base $base_tag cached"; return; }
+  local start tar c
+  start=$(seconds)
+  tar="$(mktemp -d "$cache/images/.base.XXXX")/rootfs.tar"
+  # Debian's own mirrors (plain http, signed by the archive keyring): no CA of this machine involved. Manuals,
+  # translations and docs are left out, as the official slim images do (copyright files stay).
+  mmdebstrap --variant=apt --include="$base_packages" \
+    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+    --dpkgopt='path-exclude=/usr/share/info/*' \
+    --customize-hook='chroot "$1" python3 -m venv /opt/venv' \
+    --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
+    bookworm "$tar" \
+    "deb http://deb.debian.org/debian bookworm main" \
+    "deb http://deb.debian.org/debian bookworm-updates main" \
+    "deb http://deb.debian.org/debian-security bookworm-security main"
+  c=$(bah from scratch)
+  bah add "$c" "$tar" /
+  bah config --env PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --env LANG=C.UTF-8 --cmd python3 "$c"
+  bah commit --rm "$c" "$base_tag" >/dev/null
+  rm -rf "$(dirname "$tar")"
+  log "built base $base_tag in $(( $(seconds) - start )) s"
+}
+
+# ---- the two Dockerfiles --------------------------------------------------------------------------------------------
+# An image's inputs: its Dockerfile and every source its COPY lines name (read from the Dockerfile itself).
+copied() {  # DOCKERFILE
+  printf '%s\n' "$1"
+  sed -n 's/^COPY[[:space:]]\+//p' "$repo/$1" | awk '{for (i = 1; i < NF; i++) print $i}'
+}
+mapfile -t platform_inputs < <(copied Dockerfile)
+mapfile -t trainer_inputs < <(copied trainer_image/Dockerfile)
+
+image_tag() {  # NAME INPUTS...
+  local name="$1"; shift
+  printf 'localhost/kembed/%s:%s' "$name" "$(printf '%s %s' "$base_tag" "$(hash_inputs "$@")" | sha256sum | cut -c1-16)"
+}
+
+# The build's view of this machine's CAs: its bundle, bind-mounted read-only over the base's own for RUN steps
+# only, never part of a layer. (Debian's pip reads the system bundle. A mount over a path the base lacks would
+# leave an empty stub in the layer, so nothing else is mounted.)
+ca_mounts() {
+  printf -- '-v\n%s\n' "/etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro"
+}
+
+build_dockerfile() {  # NAME DOCKERFILE TAG
+  local name="$1" dockerfile="$2" tag="$3" start mounts
+  exists "$tag" && { log "$name $tag cached"; return; }
+  start=$(seconds)
+  mapfile -t mounts < <(ca_mounts)
+  (cd "$repo" && bah bud --pull=never --layers=false --build-arg "BASE=$base_tag" "${mounts[@]}" \
+    -f "$dockerfile" -t "$tag" .)
+  log "built $name $tag in $(( $(seconds) - start )) s"
+}
+
+# The image's CA bundles must be the base's: the machine's own CAs were only mounted during the build.
+check_no_build_cas() {  # TAG
+  local c mnt bc base_mnt file
+  c=$(bah from --pull=never "$1"); mnt=$(bah mount "$c")
+  bc=$(bah from --pull=never "$base_tag"); base_mnt=$(bah mount "$bc")
+  for file in etc/ssl/certs/ca-certificates.crt $(cd "$base_mnt" && find opt/venv/lib -name cacert.pem); do
+    [[ -e "$mnt/$file" ]] || continue
+    if ! cmp -s "$mnt/$file" "$base_mnt/$file"; then
+      log "$1: /$file differs from the base's (build-time CAs left in the image)"; bah rm "$c" "$bc" >/dev/null; exit 1
+    fi
+  done
+  bah rm "$c" "$bc" >/dev/null
+}
+
+case " $images " in *" base "*|*" platform "*|*" trainer "*) build_base ;; esac
+platform_tag=$(image_tag platform "${platform_inputs[@]}")
+trainer_tag=$(image_tag trainer "${trainer_inputs[@]}")
+case " $images " in *" platform "*) build_dockerfile platform Dockerfile "$platform_tag"; check_no_build_cas "$platform_tag" ;; esac
+case " $images " in *" trainer "*) build_dockerfile trainer trainer_image/Dockerfile "$trainer_tag"; check_no_build_cas "$trainer_tag" ;; esac
+
+# ---- the registry on 127.0.0.1 ----------------------------------------------------------------------------------------
+# distribution's registry from its Go module (no replace directives: a plain `go install`), cached like the
+# control-plane binaries; its storage persists under $KEMBED_CACHE/registry, so a registry started later (a test)
+# serves what was pushed here.
+registry_bin="$cache/bin/registry-$REGISTRY_VERSION/registry"
+build_registry() {
+  [[ -x "$registry_bin" ]] && return
+  local start tmp
+  start=$(seconds)
+  tmp="$(mktemp -d "$cache/bin/.registry.XXXX")"
+  GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/build" GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath GOBIN="$tmp" \
+    go install -ldflags "-s -w" "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
+  chmod 755 "$tmp"; rm -rf "$(dirname "$registry_bin")"; mv "$tmp" "$(dirname "$registry_bin")"
+  log "built registry $REGISTRY_VERSION in $(( $(seconds) - start )) s"
+}
+
+push_all() {  # TAG...: to a registry started on a free port for the push, stopped after
+  local port config pid tag start
+  build_registry
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  config="$cache/images/registry.yaml"
+  printf 'version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: 127.0.0.1:%s\n' \
+    "$cache/registry" "$port" > "$config"
+  "$registry_bin" serve "$config" > "$cache/images/registry.log" 2>&1 &
+  pid=$!
+  trap 'kill "$pid" 2>/dev/null || true' EXIT
+  for _ in $(seq 50); do curl -fs "http://127.0.0.1:$port/v2/" >/dev/null && break; sleep 0.2; done
+  for tag in "$@"; do
+    local ref="${tag#localhost/}"
+    if curl -fsI -H 'Accept: application/vnd.oci.image.manifest.v1+json' \
+        "http://127.0.0.1:$port/v2/${ref%:*}/manifests/${ref##*:}" >/dev/null; then
+      log "$ref already in the registry"; continue
+    fi
+    start=$(seconds)
+    bah push --tls-verify=false "$tag" "docker://127.0.0.1:$port/${tag#localhost/}" >/dev/null
+    log "pushed ${tag#localhost/} in $(( $(seconds) - start )) s"
+  done
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  trap - EXIT
+}
+
+built=()
+for tag in $platform_tag $trainer_tag; do exists "$tag" && built+=("$tag"); done
+[[ ${#built[@]} -gt 0 ]] && push_all "${built[@]}"
+
+# What the tests read: the tags of this tree's images (the registry's repository is the tag without localhost/).
+printf '{"base": "%s", "platform": "%s", "trainer": "%s"}\n' "$base_tag" "$platform_tag" "$trainer_tag" \
+  > "$cache/images/tags.json"
+for tag in $base_tag $platform_tag $trainer_tag; do
+  if exists "$tag"; then log "$(bah images --format '{{.Name}}:{{.Tag}} {{.Size}}' "$tag")"; fi
+done
