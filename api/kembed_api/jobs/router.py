@@ -157,6 +157,19 @@ def job_checkpoint_uri(raw: dict) -> str | None:
     return uri if isinstance(uri, str) else None
 
 
+def _readable_checkpoint_uri(job: Job, principal, request: Request) -> str | None:
+    """The job's checkpoint folder, checked against its tenant's storage policy as it is now (409 outside it): a
+    job stored before the policy (or before it was narrowed) reads nothing its tenant may no longer read."""
+    uri = job_checkpoint_uri(job.spec)
+    if not uri:
+        return None
+    try:
+        return policy_of(principal.tenant, request.app.state.storage).check(
+            uri, Access.READ, where="trainer.checkpoint.uri")
+    except (StorageDenied, UriError) as error:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(error)) from None
+
+
 def _job_of(session, principal, job_id: str) -> Job:
     try:
         return service.get_job(session, tenant=principal.tenant, job_id=job_id)
@@ -179,17 +192,8 @@ def job_events(job_id: str, db: Db, principal: Reader) -> list[JobEventRead]:
 def job_checkpoints(job_id: str, request: Request, db: Db, principal: Reader) -> list[checkpoints.CheckpointRead]:
     with db.session() as session:
         job = _job_of(session, principal, job_id)
-    uri = job_checkpoint_uri(job.spec)
-    if not uri:
-        return []
-    # Checked again as it is now: a job stored before the policy (or before it was narrowed) lists nothing of
-    # what its tenant may no longer read.
-    try:
-        uri = policy_of(principal.tenant, request.app.state.storage).check(
-            uri, Access.READ, where="trainer.checkpoint.uri")
-    except (StorageDenied, UriError) as error:
-        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(error)) from None
-    return checkpoints.list_checkpoints(uri)
+    uri = _readable_checkpoint_uri(job, principal, request)
+    return checkpoints.list_checkpoints(uri) if uri else []
 
 
 _EXPORT_ERRORS = {
@@ -225,6 +229,7 @@ def _result_step(job: Job) -> int | None:
 )
 def export_job(
     job_id: str,
+    request: Request,
     db: Db,
     principal: Reader,
     format: Annotated[Literal[exports.FORMATS], Query(description="parquet, word2vec-text, word2vec-binary or numpy.")],  # noqa: A002
@@ -234,8 +239,9 @@ def export_job(
 ) -> FileResponse:
     with db.session() as session:
         job = _job_of(session, principal, job_id)
+    uri = _readable_checkpoint_uri(job, principal, request)
     try:
-        made = exports.export_file(job_checkpoint_uri(job.spec), job_id=job_id, fmt=format, table=table,
+        made = exports.export_file(uri, job_id=job_id, fmt=format, table=table,
                                    step=step, preferred=_result_step(job))
     except (exports.NoCheckpoint, exports.ExportUnavailable, ValueError) as error:
         raise _export_failure(error) from error
@@ -249,6 +255,7 @@ def export_job(
             summary="Nearest neighbours (cosine) of a word or id, from the latest checkpoint")
 def job_neighbours(
     job_id: str,
+    request: Request,
     db: Db,
     principal: Reader,
     word: Annotated[str, Query(min_length=1, max_length=1000, description="A word (word2vec) or an id.")],
@@ -257,8 +264,9 @@ def job_neighbours(
 ) -> NeighboursRead:
     with db.session() as session:
         job = _job_of(session, principal, job_id)
+    uri = _readable_checkpoint_uri(job, principal, request)
     try:
-        step, name, found = exports.nearest(job_checkpoint_uri(job.spec), word=word, k=k, table=table,
+        step, name, found = exports.nearest(uri, word=word, k=k, table=table,
                                             preferred=_result_step(job))
     except (exports.NoCheckpoint, exports.ExportUnavailable, ValueError) as error:
         raise _export_failure(error) from error
