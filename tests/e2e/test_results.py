@@ -44,6 +44,7 @@ def test_ids_outside_the_table_fail_at_once_with_the_reason_and_no_restart(serve
                              "rating": np.ones(100)}), tmp_path / "ratings.parquet")
     spec = ratings_spec("bad-ids", str(tmp_path / "ratings.parquet"), num_users=100)  # ids go up to 100
     spec["resources"]["procs_per_node"] = 2
+    server.client.set_storage("default", {"read": [str(tmp_path)], "write": []})  # its storage policy: the data
     job = server.client.submit(spec)
     done = server.wait_terminal(job["id"])
     assert (done["state"], done["reason"], done["restart_count"]) == ("FAILED", "TrainerExitedPermanently", 0)
@@ -55,6 +56,7 @@ def test_ids_outside_the_table_fail_at_once_with_the_reason_and_no_restart(serve
 
 def test_a_word2vec_job_exports_and_answers_neighbours_for_its_tenant_only(server, tmp_path):
     write_corpus(tmp_path / "corpus.txt")
+    server.client.set_storage("default", {"read": [str(tmp_path)], "write": []})  # its storage policy: the corpus
     spec = with_sections(
         "w2v",
         model={"kind": "word2vec"},
