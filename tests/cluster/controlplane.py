@@ -41,6 +41,7 @@ __all__ = [
     "ClusterConfig",
     "ControlPlane",
     "cleanup_stale_runs",
+    "gpu_node_manifest",
     "runs_root",
 ]
 
@@ -206,6 +207,43 @@ def _kubeconfig(server: str, ca: pathlib.Path, cert: pathlib.Path, key: pathlib.
         },
         indent=2,
     )
+
+
+def gpu_node_manifest(
+    name: str,
+    config: ClusterConfig,
+    *,
+    labels: dict[str, str] | None = None,
+    taints: list[dict[str, str]] | None = None,
+) -> dict:
+    """A fake GPU node that kwok runs (its annotation), labelled `GPU_NODE_LABEL` and tainted like a GPU node pool;
+    `labels` and `taints` are added to those (a test's private node pool, say)."""
+    capacity = {
+        "cpu": config.gpu_node_cpu,
+        "memory": config.gpu_node_memory,
+        "pods": "110",
+        GPU_RESOURCE: str(config.gpus_per_node),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+            "labels": {
+                GPU_NODE_LABEL: "true",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                **(labels or {}),
+            },
+        },
+        "spec": {
+            "taints": [{"key": GPU_TAINT_KEY, "value": "present", "effect": "NoSchedule"}, *(taints or [])]
+        },
+        "status": {"capacity": capacity, "allocatable": capacity},
+    }
 
 
 class ControlPlane:
@@ -521,32 +559,8 @@ class ControlPlane:
         )
 
     def _create_gpu_nodes(self) -> None:
-        capacity = {
-            "cpu": self.config.gpu_node_cpu,
-            "memory": self.config.gpu_node_memory,
-            "pods": "110",
-            GPU_RESOURCE: str(self.config.gpus_per_node),
-        }
         for index in range(self.config.num_gpu_nodes):
-            name = f"gpu-node-{index}"
-            node = {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": name,
-                    "annotations": {KWOK_NODE_ANNOTATION: "fake"},
-                    "labels": {
-                        GPU_NODE_LABEL: "true",
-                        "kubernetes.io/hostname": name,
-                        "kubernetes.io/os": "linux",
-                        "kubernetes.io/arch": "amd64",
-                        "type": "kwok",
-                    },
-                },
-                "spec": {"taints": [{"key": GPU_TAINT_KEY, "value": "present", "effect": "NoSchedule"}]},
-                "status": {"capacity": capacity, "allocatable": capacity},
-            }
-            self._api("POST", "/api/v1/nodes", node)
+            self._api("POST", "/api/v1/nodes", gpu_node_manifest(f"gpu-node-{index}", self.config))
 
     # ---- talking to the API server without the Python client, so `up` needs only the standard library ---
     def _ssl_context(self) -> ssl.SSLContext:

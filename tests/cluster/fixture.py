@@ -30,7 +30,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.cluster import controlplane
 
-__all__ = ["Cluster", "cluster", "exists", "namespace", "wait_for"]
+__all__ = ["Cluster", "NodePool", "cluster", "exists", "namespace", "wait_for"]
 
 
 def wait_for(
@@ -45,6 +45,27 @@ def wait_for(
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout_s}s waiting for {what or predicate}")
         time.sleep(interval_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePool:
+    """Fake GPU nodes of one test alone: tainted so that no other test's pod lands on them, and labelled so that
+    this test's pods can be sent there (`node_selector` and `tolerations` go into a pod spec, or into the
+    operator's trainer settings)."""
+
+    name: str
+    nodes: list[str]
+
+    @property
+    def node_selector(self) -> dict[str, str]:
+        return {NODE_POOL_LABEL: self.name}
+
+    @property
+    def tolerations(self) -> list[dict[str, str]]:
+        return [{"key": NODE_POOL_LABEL, "operator": "Equal", "value": self.name, "effect": "NoSchedule"}]
+
+
+NODE_POOL_LABEL = "kembed.io/test-node-pool"  # label and taint of a NodePool's nodes, value: the pool's name
 
 
 @dataclasses.dataclass
@@ -166,9 +187,40 @@ class Cluster:
             what=f"status of ResourceQuota {namespace}/{name}",
         )
 
-    def delete_namespace(self, name: str) -> None:
+    def delete_namespace(self, name: str, *, wait_s: float = 0.0) -> None:
+        """Deletes the namespace; with `wait_s`, waits (that long at most) until none of its pods is left."""
         with contextlib.suppress(ApiException):
             self.core().delete_namespace(name)
+        if wait_s:
+            wait_for(lambda: not self.core().list_namespaced_pod(name).items, timeout_s=wait_s, interval_s=0.3,
+                     what=f"the pods of namespace {name} gone")
+
+    # -- private nodes --
+    def create_node_pool(self, num_nodes: int, *, timeout_s: float = 30.0) -> NodePool:
+        """`num_nodes` fake GPU nodes (like gpu-node-N) that only pods tolerating the pool's taint may use, so a
+        test that needs whole free nodes has them whatever other tests leave running. Ready when returned."""
+        name = f"pool-{uuid.uuid4().hex[:6]}"
+        pool = NodePool(name, [f"{name}-{i}" for i in range(num_nodes)])
+        core = self.core()
+        taint = {"key": NODE_POOL_LABEL, "value": name, "effect": "NoSchedule"}
+        for node in pool.nodes:
+            core.create_node(controlplane.gpu_node_manifest(node, self.plane.config,
+                                                            labels=pool.node_selector, taints=[taint]))
+
+        def ready(node: str) -> bool:
+            # Ready, and the node controller's not-ready taint (set on every new node) taken off again.
+            read = core.read_node(node)
+            taints = read.spec.taints or []
+            return any(c.type == "Ready" and c.status == "True" for c in read.status.conditions or []) and not any(
+                t.key.startswith("node.kubernetes.io/") for t in taints)
+
+        wait_for(lambda: all(ready(node) for node in pool.nodes), timeout_s=timeout_s, what=f"{name} Ready")
+        return pool
+
+    def delete_node_pool(self, pool: NodePool) -> None:
+        for node in pool.nodes:
+            with contextlib.suppress(ApiException):
+                self.core().delete_node(node)
 
     # -- identities other than admin --
     def service_account_kubeconfig(
@@ -309,7 +361,8 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture
 def namespace(cluster: Cluster) -> Iterator[str]:
-    """A fresh namespace, ready for pods; deleted after the test."""
+    """A fresh namespace, ready for pods; deleted after the test, which ends once none of its pods is left (so
+    nothing of it holds a node or a GPU in the tests after it)."""
     name = cluster.create_namespace()
     yield name
-    cluster.delete_namespace(name)
+    cluster.delete_namespace(name, wait_s=60)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pathlib
 import signal
 import textwrap
+from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.cluster import controlplane
-from tests.cluster.fixture import Cluster, wait_for
+from tests.cluster.fixture import Cluster, NodePool, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -19,7 +20,7 @@ CHART = pathlib.Path(__file__).parent / "chart" / "hello"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 
-def gpu_job(name: str, *, completions: int, gpus: int, run_duration: str) -> dict:
+def gpu_job(name: str, *, completions: int, gpus: int, run_duration: str, pool: NodePool) -> dict:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -33,7 +34,8 @@ def gpu_job(name: str, *, completions: int, gpus: int, run_duration: str) -> dic
                 "metadata": {"annotations": {"kembed.io/test-run-duration": run_duration}},
                 "spec": {
                     "restartPolicy": "Never",
-                    "nodeSelector": {controlplane.GPU_NODE_LABEL: "true"},
+                    "nodeSelector": pool.node_selector,
+                    "tolerations": pool.tolerations,
                     "containers": [
                         {
                             "name": "trainer",
@@ -65,10 +67,20 @@ def gpu_pod(name: str, *, gpus: int, labels: dict[str, str] | None = None) -> di
     }
 
 
-def test_indexed_job_takes_two_whole_gpu_nodes_and_quota_refuses_a_third(cluster: Cluster):
-    namespace = cluster.create_namespace(quota={f"requests.{controlplane.GPU_RESOURCE}": "16"})
+@pytest.fixture
+def node_pool(cluster: Cluster) -> Iterator[NodePool]:
+    """Two GPU nodes of the test's own: whole free nodes, whatever other tests left running on the shared ones."""
+    pool = cluster.create_node_pool(2)
+    yield pool
+    cluster.delete_node_pool(pool)
+
+
+def test_indexed_job_takes_two_whole_gpu_nodes_and_quota_refuses_a_third(cluster: Cluster, namespace: str,
+                                                                          node_pool: NodePool):
+    cluster.create_quota(namespace, {f"requests.{controlplane.GPU_RESOURCE}": "16"})
     core, batch = cluster.core(), cluster.batch()
-    batch.create_namespaced_job(namespace, gpu_job("train", completions=2, gpus=8, run_duration="10s"))
+    batch.create_namespaced_job(namespace, gpu_job("train", completions=2, gpus=8, run_duration="10s",
+                                                   pool=node_pool))
 
     def both_running():
         pods = core.list_namespaced_pod(namespace, label_selector="job-name=train").items
@@ -76,7 +88,7 @@ def test_indexed_job_takes_two_whole_gpu_nodes_and_quota_refuses_a_third(cluster
 
     pods = wait_for(both_running, timeout_s=30, what="both job pods Running")
     nodes = {pod.spec.node_name for pod in pods}
-    assert len(nodes) == 2 and nodes <= set(cluster.gpu_nodes), nodes  # 8 GPUs each: one whole node per pod
+    assert nodes == set(node_pool.nodes), nodes  # 8 GPUs each: one whole node per pod
     indexes = {pod.metadata.annotations[COMPLETION_INDEX] for pod in pods}
     assert indexes == {"0", "1"}
 
@@ -92,7 +104,6 @@ def test_indexed_job_takes_two_whole_gpu_nodes_and_quota_refuses_a_third(cluster
 
     wait_for(complete, timeout_s=60, what="job train Complete")
     assert batch.read_namespaced_job("train", namespace).status.succeeded == 2
-    cluster.delete_namespace(namespace)
 
 
 def test_failure_label_fails_a_fake_pod_with_that_exit_code(cluster: Cluster, namespace: str):

@@ -88,15 +88,16 @@ def test_install_reconcile_upgrade_uninstall(cluster: Cluster, tmp_path):
 
     # The operator, run here with the release's ServiceAccount identity, reconciles a tenant and a job.
     operator = harness.OperatorProcess(cluster, tmp_path, account=f"{RELEASE}-kembed-operator",
-                                       namespace=NAMESPACE, peering_name="kembed-helm",
+                                       namespace=NAMESPACE,
                                        s3_credentials_secret="kembed-s3").start()
+    tenant = harness.tenant_name()
     try:
-        tenant = harness.tenant_name()
         namespace = harness.create_tenant(cluster, tenant)
         job = harness.JobBuilder("helm").gpus(1).create(cluster, tenant)
         harness.wait_phase(cluster, namespace, job, "SUCCEEDED", timeout_s=60)
         harness.patch_job_spec(cluster, namespace, job, cancel=True)  # harmless on a finished job
     finally:
+        harness.remove_tenant(cluster, tenant)
         operator.stop()
     assert not operator.forbidden_lines(), operator.forbidden_lines()
 
@@ -238,5 +239,6 @@ def test_helm_test_runs_against_a_real_api_and_fails_when_it_cannot(cluster: Clu
         assert "Connection refused" in no_api.stdout, no_api.stdout + no_api.stderr
     finally:
         cluster.helm("uninstall", release, "--namespace", namespace, "--wait", check=False, timeout_s=180)
-        cluster.kubectl("delete", "tenants", "helm-test", "team-a", "--ignore-not-found", "--wait=false", check=False)
+        for tenant in ("helm-test", "team-a"):  # made by `helm test` and by the NOTES' commands
+            harness.remove_tenant(cluster, tenant)
         cluster.delete_namespace(namespace)

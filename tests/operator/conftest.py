@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,21 @@ def operator(platform: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 @pytest.fixture
-def tenant(platform: Cluster, operator: harness.OperatorProcess) -> str:
-    """A fresh tenant (its namespace is returned), made by the operator."""
-    return harness.create_tenant(platform, harness.tenant_name())
+def make_tenant(platform: Cluster) -> Iterator[Callable[..., tuple[str, str]]]:
+    """`make_tenant(**quota)` -> (name, namespace): a fresh tenant made by the operator the test runs; removed with
+    its jobs and pods after the test (harness.remove_tenant), so no later test meets them."""
+    names: list[str] = []
+
+    def make(**quota: Any) -> tuple[str, str]:
+        names.append(harness.tenant_name())
+        return names[-1], harness.create_tenant(platform, names[-1], **quota)
+
+    yield make
+    for name in names:
+        harness.remove_tenant(platform, name)
+
+
+@pytest.fixture
+def tenant(operator: harness.OperatorProcess, make_tenant) -> str:
+    """A fresh tenant (its namespace is returned), made by the module's operator; removed after the test."""
+    return make_tenant()[1]

@@ -7,6 +7,7 @@ fails the tests. Builders for Tenants and EmbeddingJobs, and waits on their stat
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -20,6 +21,7 @@ from typing import Any
 
 import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from kembed_contract import crds, resources
 from kembed_contract.lifecycle import TERMINAL_STATES
@@ -85,7 +87,9 @@ class OperatorProcess:
         self.kubeconfig = service_account_kubeconfig(cluster, work_dir / f"{name}.kubeconfig", account=account,
                                                      namespace=namespace)
         defaults = {
-            "namespace": namespace, "peering_name": "kembed-test", "peering_lifetime_s": 15,
+            # A peering of its own: a replica of an earlier test that died without leaving it (kill -9) stays
+            # there for peering_lifetime_s and would pause this one. Replicas of one test share theirs (test_ha).
+            "namespace": namespace, "peering_name": f"kembed-test-{uuid.uuid4().hex[:6]}", "peering_lifetime_s": 15,
             "health_port": 0, "s3_credentials_secret": S3_SOURCE_SECRET,
             # Every fake node is a tainted GPU node: CPU-only jobs need the toleration too.
             "trainer_tolerations": [GPU_TOLERATION],
@@ -136,8 +140,10 @@ class OperatorProcess:
         return self.log_path.read_text(errors="replace")
 
     def forbidden_lines(self) -> list[str]:
-        """Lines where the API server refused the operator something: the chart's RBAC lacks a rule."""
-        return [line for line in self.log().splitlines() if "403" in line and "orbidden" in line]
+        """Lines where the API server refused the operator something: the chart's RBAC lacks a rule. (A namespace
+        being deleted refuses new objects with a 403 too, to any user: that is no missing rule.)"""
+        return [line for line in self.log().splitlines()
+                if "403" in line and "orbidden" in line and "because it is being terminated" not in line]
 
 
 # ------------------------------------------------------------------------------------------------ builders
@@ -155,6 +161,35 @@ def create_tenant(cluster: Cluster, name: str, *, gpus: int = 32, cpu: str = "40
     wait_for(lambda: (read_tenant(cluster, name).get("status") or {}).get("phase") == "Ready", timeout_s=30,
              what=f"tenant {name} Ready")
     return resources.tenant_namespace(name)
+
+
+def remove_tenant(cluster: Cluster, name: str, *, timeout_s: float = 60) -> None:
+    """A test's clean-up, whether an operator still runs or not: the Tenant, its EmbeddingJobs and its namespace go
+    at once (finalizers dropped, no waiting for jobs to end), and it returns only when no pod of the tenant is left,
+    so nothing of it holds a node, a GPU or an operator's attention in the tests after it."""
+    api, core = custom(cluster), cluster.core()
+    namespace = resources.tenant_namespace(name)
+    no_finalizers = {"metadata": {"finalizers": []}}
+    merge = {"_content_type": "application/merge-patch+json"}
+    # The Tenant first, so that no operator makes its namespace again.
+    with contextlib.suppress(ApiException):
+        api.delete_cluster_custom_object(resources.GROUP, resources.VERSION, resources.TENANT_PLURAL, name)
+    with contextlib.suppress(ApiException):
+        api.patch_cluster_custom_object(resources.GROUP, resources.VERSION, resources.TENANT_PLURAL, name,
+                                        no_finalizers, **merge)
+    cluster.delete_namespace(namespace)
+
+    def gone() -> bool:
+        jobs = api.list_namespaced_custom_object(resources.GROUP, resources.VERSION, namespace,
+                                                 resources.EMBEDDING_JOB_PLURAL)["items"]
+        for job in jobs:  # deleted with the namespace; an operator's finalizer would keep it
+            with contextlib.suppress(ApiException):
+                api.patch_namespaced_custom_object(resources.GROUP, resources.VERSION, namespace,
+                                                   resources.EMBEDDING_JOB_PLURAL, job["metadata"]["name"],
+                                                   no_finalizers, **merge)
+        return not jobs and not core.list_namespaced_pod(namespace).items
+
+    wait_for(gone, timeout_s=timeout_s, interval_s=0.5, what=f"tenant {name}'s jobs and pods gone")
 
 
 class JobBuilder:

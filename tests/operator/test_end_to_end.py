@@ -26,7 +26,7 @@ def _free_port() -> int:
 @pytest.fixture
 def local_operator(platform: Cluster, s3_server, tmp_path):
     process = harness.OperatorProcess(
-        platform, tmp_path, name="e2e-operator", peering_name="kembed-e2e",
+        platform, tmp_path, name="e2e-operator",
         trainer_node_selector={controlplane.LOCAL_NODE_LABEL: "true"},
         trainer_tolerations=[{"key": controlplane.LOCAL_NODE_TAINT_KEY, "operator": "Exists",
                               "effect": "NoSchedule"}],
@@ -46,10 +46,9 @@ def _kill_pod_processes(cluster: Cluster, pod) -> None:
 
 
 def test_a_two_node_cpu_gang_survives_a_killed_pod_and_resumes_from_its_s3_checkpoint(platform: Cluster, s3_server,
-                                                                                       local_operator):
+                                                                                       local_operator, make_tenant):
     s3_server.create_bucket("kembed-test")
-    tenant = harness.tenant_name()
-    namespace = harness.create_tenant(platform, tenant)
+    tenant, namespace = make_tenant()
     job = (JobBuilder("e2e").nodes(2).cpu_only(procs_per_node=1, cpu=1, memory="2Gi").max_restarts(2)
            .trainer(training={"steps": 4000, "log_every": 50, "threads": 1}, checkpoint={"every_steps": 200})
            .create(platform, tenant))

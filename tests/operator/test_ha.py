@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -23,7 +24,8 @@ NUM_JOBS = 100
 def replicas(platform: Cluster, tmp_path):
     # The take-over itself takes up to the peering lifetime (15 s): the rendezvous time-out must leave room for it
     # on a loaded 2-core machine, or slow gangs would be restarted (correctly, but not what is tested here).
-    pair = [harness.OperatorProcess(platform, tmp_path, name=f"replica-{i}", peering_name="kembed-ha",
+    peering = f"kembed-ha-{uuid.uuid4().hex[:6]}"  # the pair's own: no replica of another test in it
+    pair = [harness.OperatorProcess(platform, tmp_path, name=f"replica-{i}", peering_name=peering,
                                     rendezvous_timeout_s=120).start()
             for i in range(2)]
     yield pair
@@ -34,17 +36,16 @@ def replicas(platform: Cluster, tmp_path):
         assert not forbidden, f"{replica.name} was refused:\n" + "\n".join(forbidden[:10])
 
 
-def _peers(cluster: Cluster) -> dict:
-    peering = harness.custom(cluster).get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", "kembed-ha")
+def _peers(cluster: Cluster, name: str) -> dict:
+    peering = harness.custom(cluster).get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name)
     return peering.get("status") or {}
 
 
-def test_kill_9_of_the_active_replica_during_a_burst_of_100_jobs(platform: Cluster, replicas):
-    wait_for(lambda: all(r.priority for r in replicas) and len(_peers(platform)) == 2, timeout_s=30,
+def test_kill_9_of_the_active_replica_during_a_burst_of_100_jobs(platform: Cluster, replicas, make_tenant):
+    wait_for(lambda: all(r.priority for r in replicas) and len(_peers(platform, replicas[0].settings["peering_name"])) == 2, timeout_s=30,
              what="both replicas registered in the peering")
     active, standby = sorted(replicas, key=lambda r: r.priority, reverse=True)
-    tenant = harness.tenant_name()
-    namespace = harness.create_tenant(platform, tenant)
+    tenant, namespace = make_tenant()
 
     builders = [JobBuilder(f"burst{i}").cpu_only() for i in range(NUM_JOBS)]
     with ThreadPoolExecutor(max_workers=8) as pool:

@@ -16,9 +16,9 @@ pytestmark = pytest.mark.cluster
 
 
 def test_a_tenant_gets_an_isolated_namespace_with_quota_defaults_and_credentials(platform: Cluster,
-                                                                                 operator: harness.OperatorProcess):
-    name = harness.tenant_name()
-    namespace = harness.create_tenant(platform, name, gpus=16, cpu="64", memory="256Gi")
+                                                                                 operator: harness.OperatorProcess,
+                                                                                 make_tenant):
+    name, namespace = make_tenant(gpus=16, cpu="64", memory="256Gi")
     core = platform.core()
 
     labels = core.read_namespace(namespace).metadata.labels
@@ -41,9 +41,8 @@ def test_a_tenant_gets_an_isolated_namespace_with_quota_defaults_and_credentials
 
 
 def test_a_quota_change_applies_in_place_and_the_cluster_enforces_it(platform: Cluster,
-                                                                     operator: harness.OperatorProcess):
-    name = harness.tenant_name()
-    namespace = harness.create_tenant(platform, name, gpus=2)
+                                                                     operator: harness.OperatorProcess, make_tenant):
+    name, namespace = make_tenant(gpus=2)
     harness.custom(platform).patch_cluster_custom_object(
         resources.GROUP, resources.VERSION, resources.TENANT_PLURAL, name, {"spec": {"quota": {"gpus": 1}}},
         _content_type="application/merge-patch+json")
@@ -61,9 +60,9 @@ def test_a_quota_change_applies_in_place_and_the_cluster_enforces_it(platform: C
 
 
 def test_deleting_a_tenant_waits_for_its_jobs_then_removes_the_namespace(platform: Cluster,
-                                                                         operator: harness.OperatorProcess):
-    name = harness.tenant_name()
-    namespace = harness.create_tenant(platform, name)
+                                                                         operator: harness.OperatorProcess,
+                                                                         make_tenant):
+    name, namespace = make_tenant()
     job = JobBuilder("busy").gpus(1).labels(**RUN_FOREVER).create(platform, name)
     wait_phase(platform, namespace, job, "RUNNING", timeout_s=30)
 
