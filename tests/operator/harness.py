@@ -180,16 +180,38 @@ def remove_tenant(cluster: Cluster, name: str, *, timeout_s: float = 60) -> None
     cluster.delete_namespace(namespace)
 
     def gone() -> bool:
+        # The namespace controller gets to everything in the end, but slowly on a busy machine: delete the jobs
+        # here, drop the finalizers that an operator (EmbeddingJobs) or the Job controller (their pods, whose
+        # batch Job is gone) would be slow to take off, until nothing is left.
         jobs = api.list_namespaced_custom_object(resources.GROUP, resources.VERSION, namespace,
                                                  resources.EMBEDDING_JOB_PLURAL)["items"]
-        for job in jobs:  # deleted with the namespace; an operator's finalizer would keep it
+        for job in jobs:
+            with contextlib.suppress(ApiException):
+                api.delete_namespaced_custom_object(resources.GROUP, resources.VERSION, namespace,
+                                                    resources.EMBEDDING_JOB_PLURAL, job["metadata"]["name"])
             with contextlib.suppress(ApiException):
                 api.patch_namespaced_custom_object(resources.GROUP, resources.VERSION, namespace,
                                                    resources.EMBEDDING_JOB_PLURAL, job["metadata"]["name"],
                                                    no_finalizers, **merge)
-        return not jobs and not core.list_namespaced_pod(namespace).items
+        pods = core.list_namespaced_pod(namespace).items
+        for pod in pods:
+            with contextlib.suppress(ApiException):
+                core.delete_namespaced_pod(pod.metadata.name, namespace)
+            if pod.metadata.deletion_timestamp and pod.metadata.finalizers:
+                with contextlib.suppress(ApiException):
+                    core.patch_namespaced_pod(pod.metadata.name, namespace, no_finalizers)
+        return not jobs and not pods
 
-    wait_for(gone, timeout_s=timeout_s, interval_s=0.5, what=f"tenant {name}'s jobs and pods gone")
+    try:
+        wait_for(gone, timeout_s=timeout_s, interval_s=0.5, what=f"tenant {name}'s jobs and pods gone")
+    except TimeoutError as error:
+        jobs = api.list_namespaced_custom_object(resources.GROUP, resources.VERSION, namespace,
+                                                 resources.EMBEDDING_JOB_PLURAL)["items"]
+        pods = core.list_namespaced_pod(namespace).items
+        left = [(j["metadata"]["name"], j["metadata"].get("finalizers"), j["metadata"].get("deletionTimestamp"))
+                for j in jobs] + [(p.metadata.name, p.metadata.finalizers, p.metadata.deletion_timestamp,
+                                   p.status.phase, p.spec.node_name) for p in pods]
+        raise TimeoutError(f"{error}; left: {left[:6]}") from None
 
 
 class JobBuilder:
