@@ -46,8 +46,9 @@ def test_a_job_in_a_namespace_without_a_valid_tenant_reaches_nothing():
 
 def test_the_trainer_pods_carry_the_policy():
     spec = resources.EmbeddingJobSpec.model_validate(make_spec().build())
-    manifest = job_manifests.batch_job("job-1", "kembed-b", "uid", "b", spec, attempt=1,
-                                       settings=OperatorSettings(), storage_policy=_policy("b").to_json())
+    files = job_manifests.trainer_files(spec, default_checkpoint_uri="s3://ckpt/b/job-1")
+    manifest = job_manifests.batch_job("job-1", "kembed-b", "uid", "b", spec, attempt=1, settings=OperatorSettings(),
+                                       files=files, storage_policy=_policy("b").to_json())
     env = {e["name"]: e.get("value") for e in manifest["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert json.loads(env[POLICY_ENV])["own"] == ["s3://ckpt/b"]
 
