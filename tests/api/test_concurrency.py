@@ -133,7 +133,7 @@ def test_concurrent_submissions_never_overfill_a_queue_and_one_key_stores_one_jo
 def test_replicas_starting_together_on_a_new_database_all_come_up(postgres_server, tmp_path):
     """The first start of several replicas: each creates the default tenant and the bootstrap token unless they
     exist; without a lock across replicas, all but one could fail on the tenant's unique name (a crash loop)."""
-    from kembed_api.app import _bootstrap
+    from kembed_api.app import _bootstrap, platform_storage
     from kembed_api.db import Database, upgrade_to_head
     from kembed_api.tenants.models import Tenant
 
@@ -149,7 +149,7 @@ def test_replicas_starting_together_on_a_new_database_all_come_up(postgres_serve
             with db.engine.connect():  # connected already, so that they reach the bootstrap together
                 pass
             together.wait()
-            _bootstrap(settings, db)
+            _bootstrap(settings, db, platform_storage(settings))
 
         with ThreadPoolExecutor(max_workers=replicas) as pool:
             list(pool.map(start, databases))  # raises what any replica raised
