@@ -14,6 +14,7 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
 from kembed_trainer import config, embedding, sparse_optim, word2vec_sgd
 from kembed_trainer.data import text
+from kembed_trainer.storage import Guard
 from tests.trainer.conftest import run_trainer, write_config
 
 NUM_TOPICS, TOPIC_SIZE = 8, 6
@@ -129,7 +130,7 @@ def test_planted_neighbours_are_found(tmp_path, threads):
     write_planted_corpus(tmp_path / "corpus.txt")
     cfg = word2vec_config(tmp_path / "corpus.txt")
     data = text.TextData(
-        cfg.data, tables=cfg.embeddings.tables, seed=0, batch_size=2000, rank=0, world_size=1
+        cfg.data, tables=cfg.embeddings.tables, seed=0, batch_size=2000, rank=0, world_size=1, guard=Guard(None)
     )
     emb = embedding.EmbeddingCollection(
         cfg.embeddings, cfg.optimizer.sparse, device=torch.device("cpu"), seed=0, world_size=1
@@ -167,6 +168,7 @@ def test_two_ranks_learn_the_neighbours_and_resume_bit_for_bit(tmp_path):
         batch_size=2000,
         rank=0,
         world_size=1,
+        guard=Guard(None),  # the test's own files, no policy
     )
     tables = final_tables(tmp_path / "ckpt", 40)
     assert share_of_neighbours_in_topic(data.vocab, tables["words_in"]) > 0.95
