@@ -72,7 +72,12 @@ class _Context:
         if current == (phase.value, reason, message):
             return
         if current[0] != phase.value:
-            lifecycle.check_transition(JobState(current[0]) if current[0] else None, phase)
+            before = JobState(current[0]) if current[0] else None
+            if before is None and phase is not JobState.ADMITTED:
+                # A resource with no phase yet was admitted (the API creates it on admission); its first status
+                # may not have been written before a replica died, so its gang may have run or ended already.
+                before = JobState.ADMITTED
+            lifecycle.check_transition(before, phase)
         plan.status.update({"phase": phase.value, "reason": reason, "message": message,
                             "observedGeneration": self.generation})
         plan.event = ("Warning" if warning else "Normal", reason, f"{phase.value}: {message}")

@@ -62,6 +62,15 @@ def test_a_new_job_creates_its_gang_and_is_admitted():
     assert plan.event[1] == "Created"
 
 
+def test_a_job_whose_first_status_was_never_written_still_ends():
+    """A replica may die before it wrote a job's first status (ADMITTED is held briefly); the replica that takes
+    over finds the gang finished and a job with no phase, and records its end."""
+    done = job(complete=True)
+    pods = [pod(i, "Succeeded", exit_code=0, finished_at=NOW) for i in range(2)]
+    plan = decide(spec=spec(), status={}, generation=1, batch_job=done, pods=pods, now=NOW, settings=SETTINGS)
+    assert plan.status["phase"] == "SUCCEEDED"
+
+
 @pytest.mark.parametrize(("codes", "phase", "reason"), [
     pytest.param([137, 1], "RESTARTING", "TrainerExitedRetryably", id="killed-pod-and-its-collateral"),
     pytest.param([2, 2], "FAILED", "TrainerExitedPermanently", id="bad-config-everywhere"),
