@@ -75,6 +75,7 @@ def fill(data_dir: Path, num_jobs: int) -> str:
     from kembed_api.db import Database, upgrade_to_head, utcnow
     from kembed_api.jobs import service as jobs_service
     from kembed_api.jobs.models import Job
+    from kembed_api.storage import PlatformStorage
     from kembed_api.tenants.models import Tenant
     from kembed_api.tenants.schemas import QuotaSpec
     from kembed_api.tenants.service import create_tenant
@@ -86,6 +87,7 @@ def fill(data_dir: Path, num_jobs: int) -> str:
     upgrade_to_head(url)
     db = Database(url)
     spec = JobSpec.model_validate(make_spec("bench").build())
+    storage = PlatformStorage.of(checkpoint_root=(data_dir / "checkpoints").as_uri(), data_dir=data_dir)
     with db.session(write=True) as session:
         tenant = create_tenant(session, name="big", quota=QuotaSpec())
         session.flush()
@@ -96,7 +98,7 @@ def fill(data_dir: Path, num_jobs: int) -> str:
         for _attempt in range(5):  # a random job id that clashes fails the batch; the intake retries it too
             try:
                 with db.session(write=True) as session:
-                    jobs_service.submit_many(session, batch, checkpoint_root=(data_dir / "checkpoints").as_uri())
+                    jobs_service.submit_many(session, batch, storage=storage)
                 break
             except IntegrityError:
                 continue

@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO / "trainer_image"))
 
 from kembed_trainer import config  # noqa: E402 - after the path insert
 from kembed_trainer.data import text  # noqa: E402
+from kembed_trainer.storage import Guard  # noqa: E402
 
 DIM, WINDOW, NEGATIVES, MIN_COUNT, SAMPLE = 100, 5, 5, 5, 1e-3
 MAX_SENTENCE = 10_000  # gensim trains on at most this many words of a sentence
@@ -174,7 +175,8 @@ def kembed_data(corpus: pathlib.Path, *, batch_size: int = 1, rank: int = 0, wor
     """The trainer's own view of this corpus (the same code the trainer runs)."""
     cfg = config.TextDataConfig(kind="text", uri=str(corpus), min_count=MIN_COUNT, eval_fraction=0.0)
     table = config.TableConfig(name="t", num_embeddings=10**7, embedding_dim=1, features=["center"])
-    return text.TextData(cfg, tables=[table], seed=0, batch_size=batch_size, rank=rank, world_size=world_size)
+    return text.TextData(cfg, tables=[table], seed=0, batch_size=batch_size, rank=rank, world_size=world_size,
+                         guard=Guard(None))  # the benchmark's own corpus, no policy
 
 
 _STEPS_PER_EPOCH: dict[tuple, int] = {}
