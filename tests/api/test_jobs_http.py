@@ -120,6 +120,20 @@ def test_reports_need_the_jobs_own_token_and_update_progress(client, backend):
     assert [point["values"]["loss"] for point in series] == [0.42]
 
 
+def test_a_record_replayed_after_another_run_reported_is_applied_once(client, backend):
+    """Two trainer runs of one job report in turn (a restart, a preempted gang resumed); a retry of the first
+    run's record that arrives after the second run's is still recognised as applied."""
+    job = client.post("/v1/jobs", json=make_spec().build()).json()
+    wait_for(lambda: backend.started or client.get("/healthz") and None, what="the job to start")
+    url, auth = f"/v1/jobs/{job['id']}/reports", {"Authorization": f"Bearer {backend.started[0].report_token}"}
+    first = {"event": "progress", "step": 5, "loss": 0.5, "run": "r1", "seq": 1}
+    second = {"event": "progress", "step": 6, "loss": 0.4, "run": "r2", "seq": 1}
+    for record in (first, second, first, second, first):
+        assert client.post(url, json=record, headers=auth).status_code == 204
+    series = client.get(f"/v1/jobs/{job['id']}/metrics", params={"event": "progress"}).json()
+    assert [point["values"]["loss"] for point in series] == [0.5, 0.4]
+
+
 def test_openapi_and_health(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     paths = client.get("/openapi.json").json()["paths"]

@@ -91,7 +91,7 @@ def _report_token(job_id: str) -> str:
 
 def test_a_replayed_report_changes_nothing(running_world: World):
     world = running_world
-    spec = make_spec("replayed").with_steps(2**31 - 1).build()
+    spec = make_spec("replayed").with_steps(2**31 - 1, checkpoint_every=2**31 - 1).build()
     spec["trainer"]["training"]["log_every"] = 2**31 - 1  # the trainer itself reports nothing more while it runs
     with world.as_("alpha", "member") as client:
         job = client.post("/v1/jobs", json=spec).json()

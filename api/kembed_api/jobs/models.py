@@ -61,9 +61,9 @@ class Job(Base):
     backend_state: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # Trainers authenticate their progress reports with a per-job token; only its hash is stored.
     report_token_hash: Mapped[str | None] = mapped_column(String(64), default=None)
-    # The last report applied: its trainer run and sequence number (a retried record is applied once).
-    report_run: Mapped[str | None] = mapped_column(String(32), default=None)
-    report_seq: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    # The last sequence number applied of each trainer run ({run: seq}, the latest runs only): a retried or
+    # replayed record is applied once, even after another run of the job has reported.
+    report_seqs: Mapped[dict[str, int] | None] = mapped_column(JSON, default=dict)
 
 
 # The queue in admission order (higher priority first, then oldest first) is these indexes read forwards, with no

@@ -434,7 +434,7 @@ def _new_job(spec: JobSpec, *, tenant: Row, storage: PlatformStorage, now: datet
         cancel_requested=False, restart_count=0, created_at=now, admitted_at=None, started_at=None,
         finished_at=None, step=0, total_steps=spec.trainer.training.steps or 0, metrics={},
         checkpoint_uri=None, checkpoint_step=None, dataset=None, backend_state={}, report_token_hash=None,
-        report_run=None, report_seq=None,
+        report_seqs={},
     ), spec=spec)
 
 
@@ -700,6 +700,10 @@ def request_cancel(session: Session, *, tenant: Tenant, job_id: str, now: dateti
     return job
 
 
+# Runs of one job whose last sequence number is remembered: a job has a run per start (restarts, preemptions),
+# and whoever holds its report token cannot grow the row without bound by inventing runs.
+_RUNS_REMEMBERED = 64
+
 # Keys of a report that are bookkeeping, not metric values.
 _RECORD_KEYS = frozenset({"event", "step", "time", "total_steps", "run", "seq"})
 
@@ -714,16 +718,20 @@ def apply_report(session: Session, *, job: Job, record: ReportRecord, now: datet
     """Fold one trainer record into the job: progress, latest metrics, checkpoint, final result.
 
     Applying a record twice changes nothing: trainers retry until acknowledged, so a record whose first try was
-    committed (its answer lost) comes again. A record of the run applied last is applied only if it is newer than
-    the last one of that run (`seq`); and a checkpoint never moves back to an older step, whoever reports it.
+    committed (its answer lost) comes again. A record is applied only if it is newer than the last one applied of
+    its run (`seq`), whichever runs reported in between; and a checkpoint never moves back to an older step,
+    whoever reports it.
     """
     values: dict[str, Any] = {k: v for k, v in record.model_dump().items() if k not in _RECORD_KEYS}
     if JobState(job.state) in TERMINAL_STATES:
         return  # late records of a finished job change nothing
     if record.run is not None and record.seq is not None:
-        if record.run == job.report_run and record.seq <= (job.report_seq or 0):
-            return  # applied already (a retry), or older than one applied
-        job.report_run, job.report_seq = record.run, record.seq
+        seen = dict(job.report_seqs or {})
+        if record.seq <= seen.get(record.run, 0):
+            return  # applied already (a retry), or older than one applied of the same run
+        seen.pop(record.run, None)
+        seen[record.run] = record.seq  # the most recent run last, so the oldest is forgotten first
+        job.report_seqs = dict(list(seen.items())[-_RUNS_REMEMBERED:])
     job.step = max(job.step, record.step) if record.event != runtime.EVENT_STARTED else record.step
     if record.model_extra and isinstance(record.model_extra.get("total_steps"), int):
         job.total_steps = record.model_extra["total_steps"]
