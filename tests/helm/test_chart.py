@@ -209,6 +209,7 @@ def test_helm_test_runs_against_a_real_api_and_fails_when_it_cannot(cluster: Clu
         passed = cluster.helm(*helm_test, check=False, timeout_s=150)
         assert passed.returncode == 0, passed.stdout + passed.stderr
         assert "tenant helm-test created and read back with the admin token" in passed.stdout, passed.stdout
+        assert "dashboard signed in with the admin token" in passed.stdout, passed.stdout
         # The API really ran against this cluster with the chart's RBAC: it made the Tenant resource.
         assert cluster.kubectl("get", "tenant", "helm-test", check=False).returncode == 0
         again = cluster.helm(*helm_test, check=False, timeout_s=150)  # the tenant is kept: a rerun finds it
