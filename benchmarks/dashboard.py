@@ -73,7 +73,7 @@ def fill(data_dir: Path, num_jobs: int) -> str:
     from kembed_api.auth import service as auth_service
     from kembed_api.auth.roles import Role
     from kembed_api.db import Database, upgrade_to_head, utcnow
-    from kembed_api.jobs import service as jobs_service
+    from kembed_api.jobs import submissions
     from kembed_api.jobs.models import Job
     from kembed_api.storage import PlatformStorage
     from kembed_api.tenants.models import Tenant
@@ -94,11 +94,11 @@ def fill(data_dir: Path, num_jobs: int) -> str:
         _, token = auth_service.create_token(session, tenant=tenant, name="bench", role=Role.MEMBER)
         tenant_id = tenant.id
     for first in range(0, num_jobs, 500):
-        batch = [jobs_service.Submission(tenant_id=tenant_id, spec=spec) for _ in range(min(500, num_jobs - first))]
+        batch = [submissions.Submission(tenant_id=tenant_id, spec=spec) for _ in range(min(500, num_jobs - first))]
         for _attempt in range(5):  # a random job id that clashes fails the batch; the intake retries it too
             try:
                 with db.session(write=True) as session:
-                    jobs_service.submit_many(session, batch, storage=storage)
+                    submissions.submit_many(session, batch, storage=storage)
                 break
             except IntegrityError:
                 continue
@@ -123,14 +123,14 @@ def in_process_times(data_dir: Path, tenant_name: str, calls: int = 200) -> tupl
     from kembed_api.admission import Quota
     from kembed_api.dashboard import service
     from kembed_api.db import Database
-    from kembed_api.jobs import service as jobs_service
+    from kembed_api.jobs import queue_forecast
     from kembed_api.tenants.service import get_tenant
 
     db = Database(f"sqlite:///{data_dir / 'kembed.db'}")
     with db.session() as session:
         tenant = get_tenant(session, name=tenant_name)
         session.expunge(tenant)
-        _, forecast = jobs_service.queue_forecast(session, tenant=tenant, capacity=Quota())
+        _, forecast = queue_forecast.queue_forecast(session, tenant=tenant, capacity=Quota())
     times, cpu_times = [], []
     for _ in range(calls):
         started, cpu_started = time.perf_counter(), time.thread_time()

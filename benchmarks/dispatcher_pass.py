@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 
 from kembed_api.db import Database, upgrade_to_head  # noqa: E402
 from kembed_api.dispatcher import Dispatcher  # noqa: E402
-from kembed_api.jobs import service  # noqa: E402
+from kembed_api.jobs import submissions  # noqa: E402
 from kembed_api.storage import PlatformStorage  # noqa: E402
 from kembed_api.tenants.service import ensure_tenant  # noqa: E402
 from kembed_contract.spec import JobSpec  # noqa: E402
@@ -40,7 +40,7 @@ def fill(db: Database, queued: int) -> None:
         spec = JobSpec.model_validate(make_spec(f"queued-{batch}").build())
         with db.session(write=True) as session:
             tenant = ensure_tenant(session, name="default")
-            service.submit_many(session, [service.Submission(tenant.id, spec)] * min(250, queued - batch),
+            submissions.submit_many(session, [submissions.Submission(tenant.id, spec)] * min(250, queued - batch),
                                 storage=PlatformStorage(checkpoint_root="file:///checkpoints"))
 
 

@@ -23,7 +23,8 @@ from sqlalchemy.orm import Session
 from kembed_api import preemption
 from kembed_api.backends.base import Backend, Launch, NotReady, Observed
 from kembed_api.db import Database, utcnow
-from kembed_api.jobs import service
+from kembed_api.jobs import reports, transitions
+from kembed_api.jobs.demand import DEMAND_COLUMNS, demand_from_columns, describe
 from kembed_api.jobs.models import Job, JobEvent
 from kembed_api.observability import Metrics
 from kembed_api.storage import PlatformStorage
@@ -157,14 +158,14 @@ class Dispatcher:
                     continue  # not started yet, or its trainers live on (Kubernetes) and are followed as before
                 job.backend_state = {}
                 if job.cancel_requested:
-                    service.transition(session, job, JobState.CANCELLED, reason="Cancelled",
+                    transitions.transition(session, job, JobState.CANCELLED, reason="Cancelled",
                                        message="cancelled while the server was down", now=self.clock())
                     continue
                 if job.state == JobState.PREEMPTED:
-                    service.requeue(session, job, now=self.clock())
+                    transitions.requeue(session, job, now=self.clock())
                     continue
                 where = f"checkpoint step {job.checkpoint_step}" if job.checkpoint_uri else "the start (no checkpoint)"
-                service.transition(session, job, JobState.RESTARTING, reason="ServerRestarted",
+                transitions.transition(session, job, JobState.RESTARTING, reason="ServerRestarted",
                                    message=f"the server restarted while the job ran; resuming from {where}",
                                    now=self.clock())
         self._recovered = True
@@ -182,10 +183,10 @@ class Dispatcher:
         now = self.clock()
         if not job.backend_state:  # admitted (or restarting) but not started yet
             if job.cancel_requested:
-                service.transition(session, job, JobState.CANCELLED, reason="Cancelled",
+                transitions.transition(session, job, JobState.CANCELLED, reason="Cancelled",
                                    message="cancelled before the trainers started", now=now)
             elif job.state == JobState.PREEMPTED:
-                service.requeue(session, job, now=now)
+                transitions.requeue(session, job, now=now)
             else:
                 self._launch(session, job)
             return
@@ -199,21 +200,21 @@ class Dispatcher:
         job.backend_state = {}
         checkpoint = f"; checkpoint at step {job.checkpoint_step}: {job.checkpoint_uri}" if job.checkpoint_uri else ""
         if job.cancel_requested:
-            service.transition(session, job, JobState.CANCELLED, reason="Cancelled",
+            transitions.transition(session, job, JobState.CANCELLED, reason="Cancelled",
                                message=f"stopped at step {job.step}{checkpoint}", now=now)
         elif seen.succeeded:
-            service.transition(session, job, JobState.SUCCEEDED, reason=seen.reason,
+            transitions.transition(session, job, JobState.SUCCEEDED, reason=seen.reason,
                                message=f"trained {job.step} steps{checkpoint}", now=now)
         elif job.state == JobState.PREEMPTED and seen.retryable:
-            service.requeue(session, job, now=now)
+            transitions.requeue(session, job, now=now)
         elif not seen.retryable:  # a final failure (the operator's, with its restarts spent), or a permanent one
-            service.transition(session, job, JobState.FAILED, reason=seen.reason, message=seen.message, now=now)
+            transitions.transition(session, job, JobState.FAILED, reason=seen.reason, message=seen.message, now=now)
         else:
             after = lifecycle.after_failure(lifecycle.Verdict(True, seen.reason, seen.message),
                                             restarts_used=job.restart_count,
                                             max_restarts=read_stored(job.spec).max_restarts)
             job.restart_count = after.restart_count
-            service.transition(session, job, after.state, reason=after.reason, message=after.message, now=now)
+            transitions.transition(session, job, after.state, reason=after.reason, message=after.message, now=now)
 
     def _follow(self, session: Session, job: Job, seen: Observed, *, now: datetime) -> None:
         """Follow a backend that restarts and stops gangs itself (Kubernetes): its state becomes the job's, by
@@ -224,28 +225,28 @@ class Dispatcher:
             return
         if seen.state is JobState.QUEUED:  # a suspended gang has stopped
             if current is not JobState.PREEMPTED:
-                service.transition(session, job, JobState.PREEMPTED, reason=seen.reason, message=seen.message,
+                transitions.transition(session, job, JobState.PREEMPTED, reason=seen.reason, message=seen.message,
                                    now=now)
-            service.requeue(session, job, now=now)
+            transitions.requeue(session, job, now=now)
             return
         if seen.state is JobState.RUNNING and current is JobState.PREEMPTED:
             return  # the operator has not seen the suspension yet
         if seen.state is JobState.RUNNING:
             reason = "Resumed" if current is JobState.RESTARTING else seen.reason
-            service.transition(session, job, JobState.RUNNING, reason=reason, message=seen.message, now=now)
+            transitions.transition(session, job, JobState.RUNNING, reason=reason, message=seen.message, now=now)
             return
         if seen.state in lifecycle.TRANSITIONS[current]:
-            service.transition(session, job, seen.state, reason=seen.reason, message=seen.message, now=now)
+            transitions.transition(session, job, seen.state, reason=seen.reason, message=seen.message, now=now)
 
     def _launch(self, session: Session, job: Job) -> None:
         try:
             spec = JobSpec.model_validate(job.spec)
         except ValidationError as error:  # stored before a rule of today's spec: it would fail or hang
-            service.transition(session, job, JobState.FAILED, reason="SpecInvalid",
+            transitions.transition(session, job, JobState.FAILED, reason="SpecInvalid",
                                message=f"the stored spec breaks today's rules: {format_validation_error(error)}",
                                now=self.clock())
             return
-        token, token_hash = service.new_report_token()
+        token, token_hash = reports.new_report_token()
         tenant = session.get(Tenant, job.tenant_id)
         resuming = job.state == JobState.RESTARTING or job.checkpoint_uri is not None  # restarted or preempted
         try:
@@ -267,10 +268,10 @@ class Dispatcher:
         job.report_token_hash, job.backend_state = token_hash, backend_state
         processes = f"{spec.resources.num_processes} trainer processes on {spec.resources.nodes} node(s)"
         if resuming:
-            service.transition(session, job, JobState.RUNNING, reason="Resumed",
+            transitions.transition(session, job, JobState.RUNNING, reason="Resumed",
                                message=f"{processes}, resuming from the latest complete checkpoint", now=self.clock())
         else:
-            service.transition(session, job, JobState.RUNNING, reason="Started", message=processes, now=self.clock())
+            transitions.transition(session, job, JobState.RUNNING, reason="Started", message=processes, now=self.clock())
 
     def _admit(self, session: Session) -> None:
         """Per-tenant queues, priority then FIFO; each admission all-or-nothing against quota and capacity; the
@@ -289,11 +290,11 @@ class Dispatcher:
             return
         active = session.execute(
             select(Job.seq, Job.tenant_id, Job.state, Job.priority, Job.step, Job.checkpoint_step,
-                   *service.DEMAND_COLUMNS).where(Job.state.in_(_ACTIVE))).all()
+                   *DEMAND_COLUMNS).where(Job.state.in_(_ACTIVE))).all()
         protected = self._protected(session, [r.seq for r in active], now=now)
         running = [
             preemption.Running(
-                r.seq, r.tenant_id, service.demand_from_columns(r.gpus, r.cpu, r.memory_bytes, r.processes),
+                r.seq, r.tenant_id, demand_from_columns(r.gpus, r.cpu, r.memory_bytes, r.processes),
                 self._class_rank(r.priority),
                 # steps since its last complete checkpoint, times what it holds: lost if it were killed
                 work_at_risk=max(0, r.step - (r.checkpoint_step or 0)) * max(r.gpus, r.processes, 1),
@@ -305,7 +306,7 @@ class Dispatcher:
         def queue() -> Iterator[preemption.Pending]:
             for seq, priority, tenant_id, message, *columns in self._queue_in_admission_order(session):
                 messages[seq] = message
-                yield preemption.Pending(seq, tenant_id, service.demand_from_columns(*columns),
+                yield preemption.Pending(seq, tenant_id, demand_from_columns(*columns),
                                          self._class_rank(priority))
 
         plan = preemption.decide(shares={t.id: share_of(t) for t in tenants.values()},
@@ -315,17 +316,17 @@ class Dispatcher:
             victim, preemptor = session.get(Job, preempt.victim), session.get(Job, preempt.preemptor)
             why = ("its tenant's cohort reclaims the quota it lent" if preempt.reason == "ReclaimedByLender"
                    else "a higher priority class")
-            service.transition(session, victim, JobState.PREEMPTED, reason=preempt.reason, now=now,
+            transitions.transition(session, victim, JobState.PREEMPTED, reason=preempt.reason, now=now,
                                message=f"for job {preemptor.id} ({why}); saving a checkpoint, then back to the "
                                        f"queue at its place")
             if victim.backend_state:
                 self.backend.preempt(victim.id)
         for admit in plan.admit:
             job = session.get(Job, admit.key)
-            demand = service.demand_from_columns(job.gpus, job.cpu, job.memory_bytes, job.processes)
+            demand = demand_from_columns(job.gpus, job.cpu, job.memory_bytes, job.processes)
             borrowed = "; borrowing its cohort's idle quota" if admit.borrowed else ""
-            service.transition(session, job, JobState.ADMITTED, reason="Admitted",
-                               message=f"reserved {service.describe(demand)}{borrowed}", now=now)
+            transitions.transition(session, job, JobState.ADMITTED, reason="Admitted",
+                               message=f"reserved {describe(demand)}{borrowed}", now=now)
             if self.metrics:
                 self.metrics.observe_admission(tenant=tenants[job.tenant_id].name, created_at=job.created_at,
                                                admitted_at=job.admitted_at)
@@ -352,7 +353,7 @@ class Dispatcher:
     def _queue_in_admission_order(self, session: Session) -> Iterator[Row]:
         """Queued jobs, higher priority first, then oldest first, `queue_page` at a time. Jobs admitted meanwhile
         are before the page mark, so a later page skips none."""
-        query = (select(Job.seq, Job.priority, Job.tenant_id, Job.message, *service.DEMAND_COLUMNS)
+        query = (select(Job.seq, Job.priority, Job.tenant_id, Job.message, *DEMAND_COLUMNS)
                  .where(Job.state == JobState.QUEUED).order_by(Job.priority.desc(), Job.seq).limit(self.queue_page))
         page = session.execute(query).all()
         while True:

@@ -1,7 +1,7 @@
 """The one job lifecycle: its states, which state may follow which, and what a failed gang comes to.
 
 Both backends and both sides of the Kubernetes backend obey this module: the API's state machine
-(kembed_api.jobs.service.transition), its dispatcher (local processes), and the operator's EmbeddingJob state
+(kembed_api.jobs.transitions.transition), its dispatcher (local processes), and the operator's EmbeddingJob state
 machine (kembed_operator.job_state). docs/architecture.md draws the diagram.
 
     QUEUED -> ADMITTED -> RUNNING -> SUCCEEDED

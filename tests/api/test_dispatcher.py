@@ -8,7 +8,7 @@ import time
 import pytest
 
 from kembed_api.dispatcher import Dispatcher
-from kembed_api.jobs import service
+from kembed_api.jobs import cancel, queue_forecast, reads, submissions
 from kembed_api.jobs.models import Job
 from kembed_api.storage import PlatformStorage
 from kembed_api.tenants.service import ensure_tenant
@@ -25,7 +25,7 @@ def dispatcher(db, backend):
 def submit(db, builder) -> str:
     with db.session() as session:
         tenant = ensure_tenant(session, name="default")
-        job, _ = service.submit(session, tenant=tenant, spec=JobSpec.model_validate(builder.build()),
+        job, _ = submissions.submit(session, tenant=tenant, spec=JobSpec.model_validate(builder.build()),
                                 storage=PlatformStorage(checkpoint_root="file:///tmp/ckpt"))
         return job.id
 
@@ -39,7 +39,7 @@ def state_of(db, job_id: str) -> tuple[JobState, str]:
 def event_reasons(db, job_id: str) -> list[str]:
     with db.session() as session:
         job = session.query(Job).filter_by(id=job_id).one()
-        return [e.reason for e in service.list_events(session, job=job)]
+        return [e.reason for e in reads.list_events(session, job=job)]
 
 
 def test_jobs_run_by_priority_then_fifo_within_capacity(db, backend, dispatcher):
@@ -81,7 +81,7 @@ def test_a_pass_reads_the_queue_a_page_at_a_time_and_stops_once_every_tenant_wai
         with db.session() as session:
             tenant = ensure_tenant(session, name=tenant_name)
             tenant.quota_max_running_jobs = 1
-            job, _ = service.submit(session, tenant=tenant, spec=JobSpec.model_validate(make_spec(job_name).build()),
+            job, _ = submissions.submit(session, tenant=tenant, spec=JobSpec.model_validate(make_spec(job_name).build()),
                                     storage=PlatformStorage(checkpoint_root="file:///tmp/ckpt"))
             return job.id
 
@@ -171,7 +171,7 @@ def test_a_cancel_reaches_a_backend_that_reports_its_gang_running(db, backend, d
     job_id = submit(db, make_spec())
     dispatcher.run_once()
     with db.session() as session:
-        service.request_cancel(session, tenant=ensure_tenant(session, name="default"), job_id=job_id)
+        cancel.request_cancel(session, tenant=ensure_tenant(session, name="default"), job_id=job_id)
     backend.observe(job_id, JobState.RUNNING, reason="GangRunning")
     dispatcher.run_once()
     assert backend.stopped == [job_id]
@@ -193,7 +193,7 @@ def test_cancelling_a_running_job_stops_it_and_ends_cancelled(db, backend, dispa
     job_id = submit(db, make_spec())
     dispatcher.run_once()
     with db.session() as session:
-        service.request_cancel(session, tenant=ensure_tenant(session, name="default"), job_id=job_id)
+        cancel.request_cancel(session, tenant=ensure_tenant(session, name="default"), job_id=job_id)
     dispatcher.run_once()
     assert backend.stopped == [job_id]
     assert state_of(db, job_id)[0] is JobState.RUNNING  # still writing its checkpoint
@@ -205,7 +205,7 @@ def test_cancelling_a_running_job_stops_it_and_ends_cancelled(db, backend, dispa
 def test_cancelling_a_queued_job_is_immediate_and_frees_its_place(db, backend, dispatcher):
     job_id = submit(db, make_spec())
     with db.session() as session:
-        service.request_cancel(session, tenant=ensure_tenant(session, name="default"), job_id=job_id)
+        cancel.request_cancel(session, tenant=ensure_tenant(session, name="default"), job_id=job_id)
     assert state_of(db, job_id) == (JobState.CANCELLED, "Cancelled")
     dispatcher.run_once()
     assert backend.started == []
@@ -245,7 +245,7 @@ def test_an_expired_forecast_is_replayed_in_the_background_while_reads_answer_fr
     forecasts = Forecasts(db, capacity=slow_capacity, ttl_s=1.0, clock=lambda: now[0])
     with db.session() as session:
         tenant = ensure_tenant(session, name="default")
-        seq = service.get_job(session, tenant=tenant, job_id=job_id).seq
+        seq = reads.get_job(session, tenant=tenant, job_id=job_id).seq
 
     def start() -> object:
         return forecasts.of(tenant=tenant, job_seq=seq, queue_version=0)[1]
@@ -279,7 +279,7 @@ def test_a_job_newer_than_the_forecast_waits_for_the_next_replay_of_the_queue(db
     def read(job_id: str) -> tuple[int, object]:
         with db.session() as session:
             tenant = ensure_tenant(session, name="default")
-            read = service.read_job(session, tenant=tenant, job_id=job_id, forecast=lambda seq, version: forecasts.of(
+            read = reads.read_job(session, tenant=tenant, job_id=job_id, forecast=lambda seq, version: forecasts.of(
                 tenant=tenant, job_seq=seq, queue_version=version))
         forecasts.wait()
         return read.queue_position, read.estimated_start_at
@@ -315,7 +315,7 @@ def test_a_read_takes_a_position_from_the_forecast_only_while_the_queue_has_not_
         """(queue position, whether the read counted it)"""
         counts.clear()
         with db.session() as session:
-            read = service.read_job(session, tenant=tenant, job_id=job_id, forecast=lambda seq, version: forecasts.of(
+            read = reads.read_job(session, tenant=tenant, job_id=job_id, forecast=lambda seq, version: forecasts.of(
                 tenant=tenant, job_seq=seq, queue_version=version))
         return read.queue_position, bool(counts)
 
@@ -331,7 +331,7 @@ def test_a_read_takes_a_position_from_the_forecast_only_while_the_queue_has_not_
         forecasts.fresh(session, tenant=tenant)
     assert position(third) == (4, False)
     with db.session(write=True) as session:
-        service.request_cancel(session, tenant=tenant, job_id=first)  # leaves the queue
+        cancel.request_cancel(session, tenant=tenant, job_id=first)  # leaves the queue
     assert position(third) == (3, True)
     forecasts.close()
 
@@ -352,7 +352,7 @@ def test_the_tenants_queue_length_follows_every_change_to_its_queue(db, backend,
     dispatcher.run_once()
     assert lengths() == (3, 3)
     with db.session(write=True) as session:
-        service.request_cancel(session, tenant=ensure_tenant(session, name="default"), job_id=ids[-1])
+        cancel.request_cancel(session, tenant=ensure_tenant(session, name="default"), job_id=ids[-1])
     assert lengths() == (2, 2)
     submit(db, make_spec("urgent").with_nodes(1, 2).with_priority(5))
     backend.finish(ids[0])
@@ -368,8 +368,8 @@ def test_a_forecast_places_every_queued_job_and_estimates_only_what_can_be_known
     urgent = submit(db, make_spec("urgent").with_priority(5))
     with db.session() as session:
         tenant = ensure_tenant(session, name="default")
-        _, forecast = service.queue_forecast(session, tenant=tenant, capacity=Quota(max_processes=2))
-        seqs = {job_id: service.get_job(session, tenant=tenant, job_id=job_id).seq for job_id in [urgent, *ids]}
+        _, forecast = queue_forecast.queue_forecast(session, tenant=tenant, capacity=Quota(max_processes=2))
+        seqs = {job_id: reads.get_job(session, tenant=tenant, job_id=job_id).seq for job_id in [urgent, *ids]}
     placed = [forecast[seqs[job_id]] for job_id in [urgent, *ids]]
     assert [position for position, _ in placed] == [1, 2, 3, 4, 5]
     # two trainer processes fit at once (one each): the first two start now; the others wait for jobs nobody

@@ -9,7 +9,7 @@ records are committed before the trainer exits, and so before the API can see it
 
 A retry may reach the API twice (the first try committed, its answer was lost), so each record carries its
 run (random, one per trainer process) and sequence number; the API applies a record of a run once and never
-one older than the last it applied (kembed_api.jobs.service.apply_report). The API refusing a record for good
+one older than the last it applied (kembed_api.jobs.reports.apply_report). The API refusing a record for good
 (4xx) drops it: retrying cannot change its mind; a 401/403/404 means the job has a new token or is gone, and
 ends delivery altogether.
 """

@@ -22,7 +22,7 @@ from kembed_api.auth import service as auth_service
 from kembed_api.auth.roles import Action, Role, allowed
 from kembed_api.dashboard import sessions
 from kembed_api.deps import Principal, session_principal
-from kembed_api.jobs import service as jobs_service
+from kembed_api.jobs import errors, reads
 
 __all__ = ["HOME", "STATIC_DIR", "router"]
 
@@ -161,8 +161,8 @@ async def history_page(request: Request) -> Response:
 def _job_exists(request: Request, principal: Principal, job_id: str) -> bool:
     with request.app.state.db.session() as session:
         try:
-            jobs_service.get_job(session, tenant=principal.tenant, job_id=job_id)
-        except jobs_service.JobNotFound:
+            reads.get_job(session, tenant=principal.tenant, job_id=job_id)
+        except errors.JobNotFound:
             return False
     return True
 

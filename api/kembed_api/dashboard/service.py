@@ -26,8 +26,8 @@ from kembed_api.dashboard.schemas import (
 )
 from kembed_api.db import Executor, utcnow
 from kembed_api.jobs.models import Job, JobEvent
+from kembed_api.jobs.queue_forecast import expected_end
 from kembed_api.jobs.schemas import Progress
-from kembed_api.jobs.service import expected_end
 from kembed_api.tenants import service as tenants
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.schemas import UsageAmounts

@@ -6,7 +6,7 @@ polls every second). So a single job's read takes both from the tenant's cached 
 own replays when it is older than `ttl_s`, or older than `new_job_ttl_s` when the job asked about is newer than
 it or the queue has moved since; meanwhile reads answer from the old forecast, and no read ever waits for a
 replay. A position is only taken from a forecast of the tenant's current queue version (which every change
-that moves queued jobs raises), so it is always exact; otherwise the read counts it (service.read_job). A start
+that moves queued jobs raises), so it is always exact; otherwise the read counts it (reads.read_job). A start
 estimated seconds ago is as good as a fresh one (a job the forecast does not know yet has none until the replay
 is done). Lists replay the forecast themselves (`fresh`).
 """
@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from kembed_api.admission import Quota
 from kembed_api.db import Database
-from kembed_api.jobs import service
+from kembed_api.jobs import queue_forecast
 from kembed_api.tenants.models import Tenant
 
 __all__ = ["Forecasts"]
@@ -47,7 +47,7 @@ class Forecasts:
 
     def fresh(self, session: Session, *, tenant: Tenant) -> Forecast:
         """Replay the tenant's queue now (and remember it)."""
-        version, forecast = service.queue_forecast(session, tenant=tenant, capacity=self.capacity())
+        version, forecast = queue_forecast.queue_forecast(session, tenant=tenant, capacity=self.capacity())
         with self._lock:
             self._cache[tenant.id] = (self.clock(), version, forecast)
         return forecast

@@ -3,7 +3,7 @@
 A submission answered one transaction at a time costs its own BEGIN, tenant read, queue count, two inserts and
 COMMIT, plus a worker-thread trip, and on SQLite every writer waits for the one write lock anyway. Here the
 route hands the validated spec to the writer and awaits the outcome; the writer takes everything queued since
-its last commit (up to `max_batch`) and stores it with `service.submit_many`, a few statements for the whole
+its last commit (up to `max_batch`) and stores it with `kembed_api.jobs.submissions.submit_many`, a few statements for the whole
 batch. A lone submission is stored at once; under load, a submission waits at most for the commit before its
 own. An answer is only given after its commit, so a 201 always means the job is stored.
 """
@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from sqlalchemy.exc import IntegrityError
 
 from kembed_api.db import Database
-from kembed_api.jobs import service
+from kembed_api.jobs.errors import CannotRun
 from kembed_api.jobs.schemas import JobRead
+from kembed_api.jobs.submissions import Outcome, Submission, submit_many
 from kembed_api.storage import PlatformStorage
 from kembed_contract.spec import JobSpec
 
@@ -37,7 +38,7 @@ _ALONE_TRIES = 3
 
 @dataclass
 class _Waiting:
-    submission: service.Submission
+    submission: Submission
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
 
@@ -60,7 +61,7 @@ class Intake:
         self._arrivals.put(None)
         self._thread.join()
 
-    async def submit(self, submission: service.Submission) -> tuple[JobRead, bool]:
+    async def submit(self, submission: Submission) -> tuple[JobRead, bool]:
         """(the job's answer, created); raises CannotRun or QueueFull."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
@@ -86,15 +87,15 @@ class Intake:
                 batch.append(waiting)
             self._answer(batch, self._store_batch([w.submission for w in batch]))
 
-    def _store_batch(self, submissions: list[service.Submission]) -> list[service.Outcome | Exception]:
-        checked: list[service.Submission] = []
+    def _store_batch(self, submissions: list[Submission]) -> list[Outcome | Exception]:
+        checked: list[Submission] = []
         refused: dict[int, Exception] = {}
         for i, submission in enumerate(submissions):
             try:
                 self.check_fits(submission.spec)
                 checked.append(submission)
             except ValueError as error:
-                refused[i] = service.CannotRun(str(error))
+                refused[i] = CannotRun(str(error))
         try:
             stored = iter(self._store(checked)) if checked else iter(())
         except IntegrityError:
@@ -106,12 +107,12 @@ class Intake:
             stored = iter([error] * len(checked))
         return [refused[i] if i in refused else next(stored) for i in range(len(submissions))]
 
-    def _store(self, submissions: list[service.Submission]) -> list[service.Outcome]:
+    def _store(self, submissions: list[Submission]) -> list[Outcome]:
         with self.db.write_transaction() as connection:
-            return service.submit_many(connection, submissions, storage=self.storage,
+            return submit_many(connection, submissions, storage=self.storage,
                                        priority_classes=self.priority_classes)
 
-    def _store_alone(self, submission: service.Submission) -> service.Outcome | Exception:
+    def _store_alone(self, submission: Submission) -> Outcome | Exception:
         clash: Exception | None = None
         for _ in range(_ALONE_TRIES):
             try:
@@ -123,7 +124,7 @@ class Intake:
         return clash
 
     @staticmethod
-    def _answer(batch: list[_Waiting], outcomes: list[service.Outcome | Exception]) -> None:
+    def _answer(batch: list[_Waiting], outcomes: list[Outcome | Exception]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, object]]] = {}
         for waiting, outcome in zip(batch, outcomes, strict=True):
             by_loop.setdefault(waiting.loop, []).append((waiting.future, outcome))

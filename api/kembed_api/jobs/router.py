@@ -12,7 +12,8 @@ from starlette.background import BackgroundTask
 
 from kembed_api import checkpoints, errors
 from kembed_api.deps import Db, QueueForecasts, Reader, Submitter
-from kembed_api.jobs import exports, service
+from kembed_api.jobs import cancel, exports, ids, reads, reports, submissions
+from kembed_api.jobs.errors import CannotRun, JobNotFound, KeyReused, QueueFull
 from kembed_api.jobs.forecasts import Forecasts
 from kembed_api.jobs.models import Job
 from kembed_api.jobs.schemas import (
@@ -71,12 +72,12 @@ async def submit_job(
     ] = None,
 ) -> Response:
     # Stored by the intake's writer together with whatever else arrived meanwhile (kembed_api.jobs.intake).
-    submission = service.Submission(tenant_id=principal.tenant.id, spec=spec, idempotency_key=idempotency_key)
+    submission = submissions.Submission(tenant_id=principal.tenant.id, spec=spec, idempotency_key=idempotency_key)
     try:
         read, created = await request.app.state.intake.submit(submission)
-    except (service.CannotRun, service.KeyReused) as error:
+    except (CannotRun, KeyReused) as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(error)) from error
-    except service.QueueFull as error:
+    except QueueFull as error:
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, detail=str(error)) from error
     request.app.state.dispatcher.wake()
     return ModelResponse(read, status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -95,7 +96,7 @@ def list_jobs(
                                         description="`next_cursor` of the previous page.")] = None,
 ) -> Response:
     with db.session() as session:
-        return ModelResponse(service.list_jobs(
+        return ModelResponse(reads.list_jobs(
             session, tenant=principal.tenant, states=state, name=name, limit=limit, cursor=cursor,
             forecast=lambda: forecasts.fresh(session, tenant=principal.tenant),
         ))
@@ -104,9 +105,9 @@ def list_jobs(
 @router.get("/{job_id}", response_model=JobRead, responses=_READS, summary="One job with its events")
 async def get_job(job_id: str, db: Db, principal: Reader, forecasts: QueueForecasts) -> Response:
     try:
-        return ModelResponse(await db.read(lambda connection: service.read_job(
+        return ModelResponse(await db.read(lambda connection: reads.read_job(
             connection, tenant=principal.tenant, job_id=job_id, forecast=_forecast_of(principal, forecasts))))
-    except service.JobNotFound:
+    except JobNotFound:
         raise _not_found(job_id) from None
 
 
@@ -120,12 +121,12 @@ async def get_job(job_id: str, db: Db, principal: Reader, forecasts: QueueForeca
 def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, forecasts: QueueForecasts) -> Response:
     try:
         with db.session(write=True) as session:
-            service.request_cancel(session, tenant=principal.tenant, job_id=job_id)
-    except service.JobNotFound:
+            cancel.request_cancel(session, tenant=principal.tenant, job_id=job_id)
+    except JobNotFound:
         raise _not_found(job_id) from None
     request.app.state.dispatcher.wake()
     with db.session() as session:
-        return ModelResponse(service.read_job(session, tenant=principal.tenant, job_id=job_id,
+        return ModelResponse(reads.read_job(session, tenant=principal.tenant, job_id=job_id,
                                               forecast=_forecast_of(principal, forecasts)),
                              status_code=status.HTTP_202_ACCEPTED)
 
@@ -172,8 +173,8 @@ def _readable_checkpoint_uri(job: Job, principal, request: Request) -> str | Non
 
 def _job_of(session, principal, job_id: str) -> Job:
     try:
-        return service.get_job(session, tenant=principal.tenant, job_id=job_id)
-    except service.JobNotFound:
+        return reads.get_job(session, tenant=principal.tenant, job_id=job_id)
+    except JobNotFound:
         raise _not_found(job_id) from None
 
 
@@ -181,7 +182,7 @@ def _job_of(session, principal, job_id: str) -> Job:
             summary="Every state change of a job, with time, reason and message")
 def job_events(job_id: str, db: Db, principal: Reader) -> list[JobEventRead]:
     with db.session() as session:
-        return service.list_events(session, job=_job_of(session, principal, job_id))
+        return reads.list_events(session, job=_job_of(session, principal, job_id))
 
 
 @router.get("/{job_id}/checkpoints", response_model=list[checkpoints.CheckpointRead],
@@ -285,7 +286,7 @@ def job_metrics(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> list[JobMetricRead]:
     with db.session() as session:
-        return service.list_metrics(session, job=_job_of(session, principal, job_id), event=event, limit=limit)
+        return reads.list_metrics(session, job=_job_of(session, principal, job_id), event=event, limit=limit)
 
 
 @router.post(
@@ -309,9 +310,9 @@ def report(
         # Trainers hold a token for their own job only, so the job is found by id alone, then the token checked.
         # A wrong token answers exactly as a missing job does: a report token of one job (or none) must not
         # tell which other jobs exist.
-        job = session.scalar(select(Job).where(Job.id == job_id).with_for_update()) if service.is_job_id(
+        job = session.scalar(select(Job).where(Job.id == job_id).with_for_update()) if ids.is_job_id(
             job_id) else None
-        if not service.verify_report_token(job, token):
+        if not reports.verify_report_token(job, token):
             raise _not_found(job_id)
-        service.apply_report(session, job=job, record=record)
+        reports.apply_report(session, job=job, record=record)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -37,8 +37,8 @@ class Tenant(Base):
     # server writes them in at start (a tenant from before the policy existed).
     storage_read_prefixes: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), default=None)
     storage_write_prefixes: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), default=None)
-    # The queue's bookkeeping, kept by kembed_api.jobs.service in the transactions that change it (each is a
-    # count of the tenant's queue otherwise, which costs as much as the queue is long).
+    # The queue's bookkeeping, kept by kembed_api.jobs.transitions.queue_changed in the transactions that change it
+    # (each is a count of the tenant's queue otherwise, which costs as much as the queue is long).
     # Raised by every change that moves jobs already queued (one leaves the queue, or one joins ahead of them):
     # a forecast of positions taken at the same version still holds (kembed_api.jobs.forecasts).
     queue_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

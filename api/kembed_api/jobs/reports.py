@@ -1,0 +1,85 @@
+"""What trainers report: the per-job report token, and folding each record into the job (progress, metrics,
+checkpoint, final result)."""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from kembed_api.auth.service import hash_secret
+from kembed_api.db import utcnow
+from kembed_api.jobs.models import Job, JobMetric
+from kembed_api.jobs.schemas import ReportRecord
+from kembed_contract.lifecycle import TERMINAL_STATES, JobState
+from kembed_trainer import runtime
+
+__all__ = ["apply_report", "new_report_token", "verify_report_token"]
+
+
+def new_report_token() -> tuple[str, str]:
+    """A fresh per-job token and its hash; only the hash is stored."""
+    token = secrets.token_urlsafe(32)
+    return token, hash_secret(token)
+
+
+def verify_report_token(job: Job | None, token: str) -> bool:
+    """Whether `token` is the report token of `job`; False for no job (the token is hashed all the same, so that
+    the time taken does not tell a missing job from a wrong token)."""
+    given = hash_secret(token)
+    expected = job.report_token_hash if job is not None else None
+    return hmac.compare_digest(expected or "-" * len(given), given) and expected is not None
+
+
+# Runs of one job whose last sequence number is remembered: a job has a run per start (restarts, preemptions),
+# and whoever holds its report token cannot grow the row without bound by inventing runs.
+_RUNS_REMEMBERED = 64
+
+# Keys of a report that are bookkeeping, not metric values.
+_RECORD_KEYS = frozenset({"event", "step", "time", "total_steps", "run", "seq"})
+
+
+def _checkpoint_at(job: Job, uri: str, step: int) -> None:
+    """The job's latest checkpoint is this one, unless a later step's was reported already."""
+    if job.checkpoint_step is None or step >= job.checkpoint_step:
+        job.checkpoint_uri, job.checkpoint_step = uri, step
+
+
+def apply_report(session: Session, *, job: Job, record: ReportRecord, now: datetime | None = None) -> None:
+    """Fold one trainer record into the job: progress, latest metrics, checkpoint, final result.
+
+    Applying a record twice changes nothing: trainers retry until acknowledged, so a record whose first try was
+    committed (its answer lost) comes again. A record is applied only if it is newer than the last one applied of
+    its run (`seq`), whichever runs reported in between; and a checkpoint never moves back to an older step,
+    whoever reports it.
+    """
+    values: dict[str, Any] = {k: v for k, v in record.model_dump().items() if k not in _RECORD_KEYS}
+    if JobState(job.state) in TERMINAL_STATES:
+        return  # late records of a finished job change nothing
+    if record.run is not None and record.seq is not None:
+        seen = dict(job.report_seqs or {})
+        if record.seq <= seen.get(record.run, 0):
+            return  # applied already (a retry), or older than one applied of the same run
+        seen.pop(record.run, None)
+        seen[record.run] = record.seq  # the most recent run last, so the oldest is forgotten first
+        job.report_seqs = dict(list(seen.items())[-_RUNS_REMEMBERED:])
+    job.step = max(job.step, record.step) if record.event != runtime.EVENT_STARTED else record.step
+    if record.model_extra and isinstance(record.model_extra.get("total_steps"), int):
+        job.total_steps = record.model_extra["total_steps"]
+    if record.event == runtime.EVENT_STARTED and isinstance(values.get("dataset"), dict):
+        job.dataset = {k: v for k, v in values["dataset"].items() if isinstance(v, int)}
+    if record.event == runtime.EVENT_PROGRESS:
+        job.metrics = {**job.metrics, **values}
+    elif record.event == runtime.EVENT_EVAL:
+        job.metrics = {**job.metrics, **{f"eval_{k}": v for k, v in values.items()}}
+    elif record.event == runtime.EVENT_CHECKPOINT and isinstance(values.get("uri"), str):
+        _checkpoint_at(job, values["uri"], record.step)
+    elif record.event == runtime.EVENT_DONE:
+        job.result = values.get("eval") if isinstance(values.get("eval"), dict) else {}
+        if isinstance(values.get("checkpoint"), str):
+            _checkpoint_at(job, values["checkpoint"], record.step)
+    session.add(JobMetric(job_seq=job.seq, time=now or utcnow(), event=record.event, step=record.step,
+                          values=values))
