@@ -21,6 +21,9 @@ the floor's. Target (issue 19): kembed >= 0.8x the floor's jobs/s with p99 <= 1.
 `--profile out.txt` samples the operator with py-spy (raw format, GIL-holding samples) during its phase.
 `--pprof DIR` runs kube-apiserver with profiling on and keeps a CPU profile of it for each phase
 (DIR/apiserver-<phase>.pprof, the first `--pprof-seconds` of the phase; read with `go tool pprof -top`).
+`--audit FILE` runs kube-apiserver with an audit log (metadata only) and prints each phase's requests per job by
+client (user agent and user), verb and resource: who asks what. Auditing costs the API server CPU of its own, so
+the CPU figures of such a run are not comparable with one without.
 """
 
 from __future__ import annotations
@@ -112,6 +115,41 @@ def _requests(api: k8s.ApiClient) -> collections.Counter:
     return counts
 
 
+AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+                "rules": [{"level": "Metadata"}]}
+
+
+def _audit_flags(log: pathlib.Path) -> tuple[str, ...]:
+    policy = log.with_suffix(".policy.json")
+    policy.write_text(json.dumps(AUDIT_POLICY))
+    # Blocking mode: every request is in the file when its response has gone out, so a phase's part is exact.
+    return (f"--audit-policy-file={policy}", f"--audit-log-path={log}", "--audit-log-format=json",
+            "--audit-log-mode=blocking", "--audit-log-maxsize=0")
+
+
+def _client_of(event: dict[str, Any]) -> str:
+    user = event.get("user", {}).get("username", "")
+    agent = event.get("userAgent", "").split(" ")[0].split("/")[0]
+    user = user.removeprefix("system:serviceaccount:").removeprefix("system:")
+    return f"{agent} ({user})" if agent and agent not in user else user
+
+
+def _audit_counts(log: pathlib.Path, offset: int) -> collections.Counter:
+    """(client, verb, resource[/subresource]) -> requests in the audit log past `offset` (ResponseComplete only)."""
+    counts: collections.Counter = collections.Counter()
+    with log.open("rb") as f:
+        f.seek(offset)
+        for line in f:
+            event = json.loads(line)
+            if event.get("stage") != "ResponseComplete":
+                continue
+            ref = event.get("objectRef") or {}
+            resource = ref.get("resource", event.get("requestURI", "").split("?")[0]) + (
+                f"/{ref['subresource']}" if ref.get("subresource") else "")
+            counts[(_client_of(event), event.get("verb", ""), resource)] += 1
+    return counts
+
+
 def _apiserver_profile(api: k8s.ApiClient, out: pathlib.Path, seconds: int) -> None:
     """kube-apiserver's own CPU profile (Go pprof) over the next `seconds`."""
     out.write_bytes(_body(api.call_api(f"/debug/pprof/profile?seconds={seconds}", "GET", auth_settings=["BearerToken"],
@@ -136,6 +174,7 @@ class PhaseResult:
     until_done_s: float
     requests: collections.Counter
     missing: int
+    audit: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 
 class Phase:
@@ -143,8 +182,9 @@ class Phase:
 
     def __init__(self, name: str, cluster: Cluster, pids: dict[str, int], *, pod_label: str,
                  done_watch: Callable[[k8s.ApiClient], tuple[Callable[..., Any], Callable[[dict], str | None]]],
-                 threads: int) -> None:
+                 threads: int, audit_log: pathlib.Path | None = None) -> None:
         self.name, self.cluster, self.pids, self.pod_label = name, cluster, pids, pod_label
+        self.audit_log = audit_log
         self.done_watch, self.threads = done_watch, threads
         self.created_at: dict[str, float] = {}
         self.scheduled_at: dict[str, float] = {}
@@ -191,6 +231,7 @@ class Phase:
             followers.append(thread)
         time.sleep(1)  # the watches are open
         requests_before = _requests(admin)
+        audit_offset = self.audit_log.stat().st_size if self.audit_log else 0
         cpu_before = {name: _proc_cpu_s(pid) for name, pid in self.pids.items()} | {"client": _own_cpu_s()}
         clients = [self.cluster.api_client() for _ in range(self.threads)]
         local = threading.local()
@@ -223,12 +264,13 @@ class Phase:
         cpu = {name: _proc_cpu_s(pid) - cpu_before[name] for name, pid in self.pids.items()}
         cpu["client"] = _own_cpu_s() - cpu_before["client"]
         requests = _requests(admin) - requests_before
+        audit = _audit_counts(self.audit_log, audit_offset) if self.audit_log else collections.Counter()
         latencies = [self.scheduled_at[j] - self.created_at[j] for j in self.created_at if j in self.scheduled_at]
         elapsed = max(self.scheduled_at.values()) - started
         return PhaseResult(
             name=self.name, num_jobs=len(bodies), creation_s=creation_s, jobs_per_s=len(latencies) / elapsed,
             p50_s=statistics.median(latencies), p99_s=_pct(latencies, 0.99), cpu_s=cpu, until_done_s=until_done_s,
-            requests=requests, missing=len(bodies) - len(latencies),
+            requests=requests, missing=len(bodies) - len(latencies), audit=audit,
         )
 
 
@@ -303,6 +345,15 @@ def _print_results(floor: PhaseResult, kembed: PhaseResult, operator_rss: float)
             print(f"| {key[0]} | {key[1]} | {f:.2f} | {k:.2f} |")
     print(f"| all | | {sum(floor.requests.values()) / floor.num_jobs:.1f} | "
           f"{sum(kembed.requests.values()) / kembed.num_jobs:.1f} |")
+    if floor.audit or kembed.audit:
+        print("\nAPI requests per job by client (audit log over each phase):")
+        print("| client | verb | resource | floor | kembed |")
+        print("| --- | --- | --- | ---: | ---: |")
+        keys = sorted(set(floor.audit) | set(kembed.audit), key=lambda k: (-(kembed.audit[k] + floor.audit[k]), k))
+        for key in keys:
+            f, k = floor.audit[key] / floor.num_jobs, kembed.audit[key] / kembed.num_jobs
+            if f >= 0.005 or k >= 0.005:
+                print(f"| {key[0]} | {key[1]} | {key[2]} | {f:.2f} | {k:.2f} |")
 
 
 def main() -> int:
@@ -315,17 +366,19 @@ def main() -> int:
     parser.add_argument("--json", metavar="OUT", help="also write both phases' figures as JSON")
     parser.add_argument("--pprof", metavar="DIR", type=pathlib.Path, help="kube-apiserver CPU profile per phase")
     parser.add_argument("--pprof-seconds", type=int, default=15)
+    parser.add_argument("--audit", metavar="FILE", type=pathlib.Path, help="kube-apiserver audit log, by client")
     args = parser.parse_args()
     print(f"start: {_load()}", flush=True)
 
     run_dir = controlplane.runs_root() / f"bench-operator-{int(time.time())}"
-    config = controlplane.ClusterConfig(num_gpu_nodes=args.nodes,
-                                        apiserver_flags=("--profiling=true",) if args.pprof else ())
+    flags = (("--profiling=true",) if args.pprof else ()) + (_audit_flags(args.audit.resolve()) if args.audit else ())
+    config = controlplane.ClusterConfig(num_gpu_nodes=args.nodes, apiserver_flags=flags)
     plane = controlplane.ControlPlane(run_dir, config, owner_pid=os.getpid())
     pprof = None
     if args.pprof:
         args.pprof.mkdir(parents=True, exist_ok=True)
         pprof = lambda phase: (args.pprof / f"apiserver-{phase}.pprof", args.pprof_seconds)  # noqa: E731
+    audit_log = args.audit.resolve() if args.audit else None
     plane.start()
     cluster = Cluster(plane)
     operator = None
@@ -357,8 +410,8 @@ def main() -> int:
         operator.stop()
         floor_jobs = job_specs("f")
         floor = Phase("floor (plain batch Jobs)", cluster, pids, pod_label=FLOOR_LABEL, done_watch=_floor_done,
-                      threads=args.threads).run(_floor_bodies([(n, j, s) for n, j, s, _ in floor_jobs], settings),
-                                                pprof=pprof("floor") if pprof else None)
+                      threads=args.threads, audit_log=audit_log).run(
+            _floor_bodies([(n, j, s) for n, j, s, _ in floor_jobs], settings), pprof=pprof("floor") if pprof else None)
         print(f"floor done: {_load()}", flush=True)
 
         operator.start()
@@ -375,7 +428,8 @@ def main() -> int:
                 profiler = _start_profiler(operator.process.pid, args.profile)
 
         kembed_phase = Phase("kembed (EmbeddingJobs + operator)", cluster, pids | {"operator": operator.process.pid},
-                             pod_label=JOB_LABEL, done_watch=_kembed_done, threads=args.threads)
+                             pod_label=JOB_LABEL, done_watch=_kembed_done, threads=args.threads,
+                             audit_log=audit_log)
         kembed = kembed_phase.run(kembed_bodies, on_started=start_profiler, pprof=pprof("kembed") if pprof else None)
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C, not on SIGTERM
