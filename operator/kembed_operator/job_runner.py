@@ -6,6 +6,10 @@ keeps the status it last wrote and never races itself. Children are read from th
 The status written right after a new gang is created (ADMITTED, its attempt's start time) is held back for up to
 `first_status_delay_s`: when the gang's pods all run before that, the same changes go out with RUNNING in one
 write. Until written, they count as the job's status for every decision; any other write carries them along.
+Its Event ("Created") goes with it: posted when ADMITTED is written, left out when the status never says ADMITTED
+(the RUNNING write's own Event tells the same story, and the batch Job's SuccessfulCreate says the pods exist).
+
+A job that ends gets its last progress (rank 0's log) in the same write as its terminal phase, not one after.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class JobRunner:
         self._spec: tuple[int, resources.EmbeddingJobSpec] | None = None  # (generation, validated spec)
         self._held: dict[str, Any] = {}  # status changes not written yet (see the module docstring)
         self._held_until: datetime.datetime | None = None
+        self._held_event: tuple[str, str, str] | None = None  # the held phase's Event, posted when it is written
 
     # ---- the loop --------------------------------------------------------------------------------------------
     async def run(self, stopped: kopf.DaemonStopped) -> None:
@@ -106,14 +111,20 @@ class JobRunner:
         )
         if plan.action is job_state.Action.CREATE_GANG:
             await self._create_gang(spec)  # create first: the status then says what exists
-            self._hold(plan.status, until=now + datetime.timedelta(seconds=self.settings.first_status_delay_s))
+            self._hold(plan.status, until=now + datetime.timedelta(seconds=self.settings.first_status_delay_s),
+                       event=plan.event)
             await self._write_status({}, due=now)
         else:
-            await self._write_status(plan.status)  # intent first: a restart is recorded before the gang goes
+            ending = plan.status.get("phase") in _TERMINAL
+            # The end and the last progress in one write: rank 0's final records are read before it goes out.
+            last_progress = await self._progress_changes(force=True) if ending else {}
+            # Intent first: a restart is recorded before the gang goes.
+            await self._write_status({**last_progress, **plan.status})
             if plan.action is not None:
                 await self._carry_out(plan.action, spec)
-        self._post(plan.event)
-        await self._read_progress(force=plan.status.get("phase") in _TERMINAL)
+            self._post(plan.event)
+            if not ending:
+                await self._write_status(await self._progress_changes(force=False))
         await self._write_status({}, due=now)  # held changes whose time has come
         ttl_left = job_state.seconds_until_ttl(self.status, now, self.settings)
         sleep_s = min(self.settings.resync_interval_s, ttl_left + 0.5) if ttl_left is not None else (
@@ -214,16 +225,23 @@ class JobRunner:
                     [("v1", "Secret", spec.report_token_secret)] if spec.report_token_secret else []):
                 await self.kube.run(self.kube.delete, api_version, kind, name, self.namespace)
 
-    def _hold(self, changes: dict[str, Any], *, until: datetime.datetime) -> None:
+    def _hold(self, changes: dict[str, Any], *, until: datetime.datetime,
+              event: tuple[str, str, str] | None = None) -> None:
         self._held.update(changes)
         if self._held_until is None or until < self._held_until:
             self._held_until = until
+        if event is not None:
+            self._held_event = event
 
     async def _write_status(self, changes: dict[str, Any], *, due: datetime.datetime | None = None) -> None:
         """Merge-patches `changes` with whatever is held; with only held changes, once `due` reaches their time."""
+        held_event = None
         if self._held and (changes or (due is not None and self._held_until is not None and due >= self._held_until)):
+            # The held phase's Event goes out only if that phase is what the status will say.
+            if changes.get("phase", self._held.get("phase")) == self._held.get("phase"):
+                held_event = self._held_event
             changes = {**self._held, **changes}
-            self._held, self._held_until = {}, None
+            self._held, self._held_until, self._held_event = {}, None, None
         if not changes:
             return
         try:
@@ -235,6 +253,7 @@ class JobRunner:
                 return
             raise
         self.status = dict(updated.get("status") or {})
+        self._post(held_event)
 
     def _post(self, event: tuple[str, str, str] | None) -> None:
         if event is not None:
@@ -242,26 +261,27 @@ class JobRunner:
             kopf.event(self.body, type=kind, reason=reason, message=message[:1000])
 
     # ---- progress from rank 0's records --------------------------------------------------------------------------
-    async def _read_progress(self, *, force: bool) -> None:
+    async def _progress_changes(self, *, force: bool) -> dict[str, Any]:
+        """What rank 0's latest records change in the status: read at the interval while the gang runs, or now."""
         running = self.status.get("phase") in (JobState.RUNNING.value, JobState.RESTARTING.value)
         due = time.monotonic() - self._last_log_read >= self.settings.progress_interval_s
         if not (force or (running and due)):
-            return
+            return {}
         attempt = int(self.status.get("attempt") or 0)
         rank0 = [p for p in self.observed.pods(self.key) if p.attempt == attempt and p.index == 0
                  and p.phase in ("Running", "Succeeded", "Failed")]
         if not rank0:
-            return
+            return {}
         self._last_log_read = time.monotonic()
         try:
             text = await self.kube.run(self.kube.pod_log_tail, rank0[0].name, self.namespace, lines=200)
         except Exception as error:  # noqa: BLE001 - progress is a nicety; a node without logs must not stop the job
             self.logger.debug("no log of %s: %s", rank0[0].name, error)
-            return
+            return {}
         latest, checkpoint = progress.read_records(text)
         changes: dict[str, Any] = {}
         if latest and latest != self.status.get("progress"):
             changes["progress"] = latest
         if checkpoint and checkpoint != self.status.get("lastCheckpoint"):
             changes["lastCheckpoint"] = checkpoint
-        await self._write_status(changes)
+        return changes

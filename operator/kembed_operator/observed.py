@@ -3,6 +3,10 @@
 Kopf delivers every watch event of those Jobs and pods to `record_*`; the reconciler of an EmbeddingJob reads
 its children here instead of asking the API server on each pass (500 running jobs would otherwise mean
 thousands of reads a second), and sleeps on `wakeup(key)` until one of its children changes.
+
+Only a change of what the runner decides on wakes it: most watch events of a child (the Job controller's status
+counters, a finalizer removed, a resourceVersion) leave its view as it was, and a pass over an unchanged view
+would find nothing to do.
 """
 
 from __future__ import annotations
@@ -33,12 +37,16 @@ class Observed:
         key = self.key_of(body)
         if key is None or body["metadata"].get("name") != key[1]:
             return
+        current = self._jobs.get(key)
         if event_type == "DELETED":
-            current = self._jobs.get(key)
-            if current is not None and current.uid == body["metadata"].get("uid"):
-                del self._jobs[key]
+            if current is None or current.uid != body["metadata"].get("uid"):
+                return
+            del self._jobs[key]
         else:
-            self._jobs[key] = batch_job_view(body)
+            view = batch_job_view(body)
+            if view == current:
+                return
+            self._jobs[key] = view
         self.wake(key)
 
     def record_pod(self, event_type: str | None, body: dict[str, Any]) -> None:
@@ -48,11 +56,16 @@ class Observed:
         pods = self._pods.setdefault(key, {})
         name = body["metadata"].get("name", "")
         if event_type == "DELETED":
-            pods.pop(name, None)
+            gone = pods.pop(name, None)
             if not pods:
                 del self._pods[key]
+            if gone is None:
+                return
         else:
-            pods[name] = pod_view(body)
+            view = pod_view(body)
+            if pods.get(name) == view:
+                return
+            pods[name] = view
         self.wake(key)
 
     def batch_job(self, key: Key) -> BatchJobView | None:

@@ -103,8 +103,11 @@ class OperatorSettings(BaseSettings):
         30, gt=0, description="A job is re-examined at least this often even if nothing changed (time-outs)."
     )
     first_status_delay_s: float = Field(
-        5, ge=0, description="How long the first status of a new gang (ADMITTED) is held back: a gang whose pods "
-        "all run within it gets one status write (RUNNING) instead of two. 0 = write it at once."
+        30, ge=0, description="How long the first status of a new gang (ADMITTED) is held back: a gang whose pods "
+        "all run within it gets one status write (RUNNING) instead of two. ADMITTED is for people only (the API "
+        "reads RUNNING and the ends; a restarted operator treats a job without a phase as admitted), and pods "
+        "that wait for nodes under load often take more than a few seconds: with 5 s, most jobs of a loaded "
+        "control plane got the extra write and Event. 0 = write it at once."
     )
     progress_interval_s: float = Field(
         30, gt=0, description="How often rank 0's log is read for progress and checkpoints while a job runs."

@@ -26,6 +26,7 @@ class RecordingKube:
     def __init__(self) -> None:
         self.writes: list[tuple[str, Any]] = []
         self.status: dict[str, Any] = {}
+        self.log = ""
 
     async def run(self, fn, *args, **kwargs):
         return fn(*args, **kwargs)
@@ -43,6 +44,10 @@ class RecordingKube:
         self.status.update(status)
         return {"status": dict(self.status)}
 
+    def pod_log_tail(self, name: str, namespace: str, *, lines: int) -> str:
+        self.writes.append(("log", name))
+        return self.log
+
 
 class Clock:
     def __init__(self) -> None:
@@ -55,7 +60,7 @@ class Clock:
         self.now += datetime.timedelta(seconds=seconds)
 
 
-def _runner(*, delay_s: float) -> tuple[JobRunner, RecordingKube, Observed, Clock]:
+def _runner(*, delay_s: float, events: list | None = None) -> tuple[JobRunner, RecordingKube, Observed, Clock]:
     spec = JobBuilder("demo").gpus(1).manifest("acme")["spec"]
     body = kopf.Body({"apiVersion": "kembed.io/v1alpha1", "kind": "EmbeddingJob", "spec": spec,
                       "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": "uid-1", "generation": 1,
@@ -63,15 +68,23 @@ def _runner(*, delay_s: float) -> tuple[JobRunner, RecordingKube, Observed, Cloc
     kube, observed, clock = RecordingKube(), Observed(), Clock()
     runner = JobRunner(kube=kube, observed=observed, settings=OperatorSettings(first_status_delay_s=delay_s),
                        body=body, s3_prefix_of=lambda tenant: f"s3://bucket/{tenant}", logger=None, clock=clock)
-    runner._post = lambda event: None  # Kopf's event queue lives only inside a running operator
+    # Kopf's event queue lives only inside a running operator: the Events are recorded instead.
+    runner._post = lambda event: event is not None and (events if events is not None else []).append(event[1])
     return runner, kube, observed, clock
 
 
-def _running_pod() -> dict[str, Any]:
+def _running_pod(phase: str = "Running") -> dict[str, Any]:
     return {"metadata": {"name": f"{NAME}-0-x", "namespace": NAMESPACE,
                          "labels": {"kembed.io/job": NAME, "kembed.io/attempt": "0"},
                          "annotations": {"batch.kubernetes.io/job-completion-index": "0"}},
-            "status": {"phase": "Running"}}
+            "status": {"phase": phase}}
+
+
+def _completed_batch_job() -> dict[str, Any]:
+    return {"metadata": {"name": NAME, "namespace": NAMESPACE, "uid": "uid-Job",
+                         "creationTimestamp": "2026-01-01T12:00:00Z",
+                         "labels": {"kembed.io/job": NAME, "kembed.io/attempt": "0"}},
+            "spec": {}, "status": {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}}
 
 
 def _status_writes(kube: RecordingKube) -> list[dict[str, Any]]:
@@ -111,3 +124,40 @@ def test_without_a_delay_the_first_status_is_written_with_the_gang():
     asyncio.run(runner.reconcile_once())
     assert kube.writes[0] == ("create", "Job") and kube.writes[1][0] == "status"
     assert kube.writes[1][1]["phase"] == "ADMITTED"
+
+
+def test_the_created_event_goes_out_only_if_the_status_says_admitted():
+    events: list[str] = []
+    runner, kube, observed, clock = _runner(delay_s=5, events=events)
+    asyncio.run(runner.reconcile_once())
+    assert events == []  # held with its status
+    clock.advance(2)
+    observed.record_pod("ADDED", _running_pod())
+    asyncio.run(runner.reconcile_once())
+    assert events == ["GangRunning"]  # the status never said ADMITTED: no Event for it either
+
+    events.clear()
+    runner, kube, observed, clock = _runner(delay_s=5, events=events)
+    asyncio.run(runner.reconcile_once())
+    clock.advance(5)
+    asyncio.run(runner.reconcile_once())
+    assert events == ["Created"] and _status_writes(kube)[0]["phase"] == "ADMITTED"
+
+
+def test_a_job_that_ends_takes_one_write_with_its_last_progress():
+    runner, kube, observed, clock = _runner(delay_s=5)
+    asyncio.run(runner.reconcile_once())
+    observed.record_pod("ADDED", _running_pod())
+    asyncio.run(runner.reconcile_once())
+    kube.writes.clear()
+
+    kube.log = ('{"event": "done", "step": 40, "total_steps": 40, "checkpoint": "s3://bucket/acme/demo/step-40"}\n')
+    clock.advance(3)
+    observed.record_pod("MODIFIED", _running_pod("Succeeded"))
+    observed.record_job("MODIFIED", _completed_batch_job())
+    asyncio.run(runner.reconcile_once())
+    assert [kind for kind, _ in kube.writes] == ["log", "status"]
+    [write] = _status_writes(kube)
+    assert write["phase"] == "SUCCEEDED"
+    assert write["progress"] == {"step": 40, "totalSteps": 40, "percent": 100}
+    assert write["lastCheckpoint"] == {"step": 40, "uri": "s3://bucket/acme/demo/step-40"}
