@@ -1,8 +1,10 @@
 """The children of an EmbeddingJob, as manifests (pure): an Indexed batch Job, and only what it needs besides.
 
-- The trainer's files (config.yaml and the launcher) travel in the pod template's annotations and reach the
-  containers through a downward-API volume: no object of their own to write, watch and delete per job. A config
-  too large for annotations (`MAX_INLINE_CONFIG_BYTES`) goes into a ConfigMap named after the job instead.
+- The trainer's config (config.yaml) travels in the pod template's annotations and reaches the containers
+  through a downward-API volume: no object of their own to write, watch and delete per job. A config too large
+  for annotations (`MAX_INLINE_CONFIG_BYTES`) goes into a ConfigMap named after the job instead. The launcher is
+  the trainer image's own (`python -m kembed_trainer.launch`): every pod object, and every write of it that the
+  API server, etcd and each watcher handle, would otherwise carry a copy of its source.
 - A gang of several nodes gets a headless Service: pod `<job>-<i>` of the Indexed Job gets host name `<job>-<i>`
   under the Service `<job>`, so every node finds rank 0's rendezvous store at `<job>-0.<job>`; each pod's node
   rank is its completion index. A one-node job rendezvouses on its own pod (127.0.0.1) and gets no Service.
@@ -11,7 +13,6 @@
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 import re
 from typing import Any
 
@@ -28,13 +29,11 @@ __all__ = ["CONFIG_MOUNT", "S3_SECRET", "TrainerFiles", "batch_job", "config_map
 
 CONFIG_MOUNT = "/etc/kembed"
 CONFIG_ANNOTATION = "kembed.io/trainer-config"
-LAUNCHER_ANNOTATION = "kembed.io/trainer-launcher"
 # A pod's annotations hold at most 256 KiB in all (the API server refuses more), and the Job controller copies
 # them into every pod of the gang: a config beyond this goes into a ConfigMap instead.
 MAX_INLINE_CONFIG_BYTES = 64 * 1024
 S3_SECRET = "kembed-s3"
 TENANT_LABEL = "kembed.io/tenant"
-_LAUNCHER_TEXT = pathlib.Path(launch.__file__).read_text()
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
@@ -65,7 +64,6 @@ class TrainerFiles:
     """What the trainer container finds under CONFIG_MOUNT, and whether it fits in the pod's annotations."""
 
     config_yaml: str
-    launcher: str
 
     @property
     def inline(self) -> bool:
@@ -74,13 +72,13 @@ class TrainerFiles:
 
 def trainer_files(spec: resources.EmbeddingJobSpec, *, default_checkpoint_uri: str | None) -> TrainerFiles:
     config = trainer_config(spec, default_checkpoint_uri=default_checkpoint_uri)
-    return TrainerFiles(config_yaml=yaml.dump(config, Dumper=_YAML_DUMPER, sort_keys=False), launcher=_LAUNCHER_TEXT)
+    return TrainerFiles(config_yaml=yaml.dump(config, Dumper=_YAML_DUMPER, sort_keys=False))
 
 
 def config_map(name: str, namespace: str, uid: str, tenant: str, files: TrainerFiles) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(name, namespace, uid, tenant),
-        "data": {"config.yaml": files.config_yaml, "launch.py": files.launcher},
+        "data": {"config.yaml": files.config_yaml},
     }
 
 
@@ -149,7 +147,6 @@ def _config_volume(name: str, files: TrainerFiles) -> dict[str, Any]:
         return {"name": "config", "configMap": {"name": name}}
     return {"name": "config", "downwardAPI": {"items": [
         {"path": "config.yaml", "fieldRef": {"fieldPath": f"metadata.annotations['{CONFIG_ANNOTATION}']"}},
-        {"path": "launch.py", "fieldRef": {"fieldPath": f"metadata.annotations['{LAUNCHER_ANNOTATION}']"}},
     ]}}
 
 
@@ -165,7 +162,7 @@ def batch_job(name: str, namespace: str, uid: str, tenant: str, spec: resources.
     metadata = _metadata(name, namespace, uid, tenant)
     metadata["labels"][ATTEMPT_LABEL] = str(attempt)
     launcher_args = runtime.node_command(
-        [f"{CONFIG_MOUNT}/launch.py"], nnodes=res.nodes, node_rank="$(JOB_COMPLETION_INDEX)",
+        ["-m", launch.__name__], nnodes=res.nodes, node_rank="$(JOB_COMPLETION_INDEX)",
         nproc_per_node=res.procs_per_node, master_addr=f"{name}-0.{name}" if gang else "127.0.0.1",
         master_port=settings.rendezvous_port,
         config=f"{CONFIG_MOUNT}/config.yaml",
@@ -215,7 +212,7 @@ def batch_job(name: str, namespace: str, uid: str, tenant: str, spec: resources.
         pod_spec["tolerations"] = tolerations
     template_metadata: dict[str, Any] = {"labels": labels}
     if files.inline:
-        template_metadata["annotations"] = {CONFIG_ANNOTATION: files.config_yaml, LAUNCHER_ANNOTATION: files.launcher}
+        template_metadata["annotations"] = {CONFIG_ANNOTATION: files.config_yaml}
     return {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": metadata,
         "spec": {

@@ -45,10 +45,11 @@ def test_a_one_node_job_is_only_its_batch_job():
     config = yaml.safe_load(_file_from_annotation(job, "config.yaml"))
     assert config["checkpoint"]["uri"] == CHECKPOINTS
     assert config["model"] == _spec(JobBuilder("one")).trainer.model.model_dump(mode="json")
-    assert "def main(argv=None)" in _file_from_annotation(job, "launch.py")
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     assert mounts["config"] == job_manifests.CONFIG_MOUNT
-    assert f"{job_manifests.CONFIG_MOUNT}/launch.py" in args and f"{job_manifests.CONFIG_MOUNT}/config.yaml" in args
+    # The image's own launcher; the pod carries only the config (annotations are copied into every pod).
+    assert args[:2] == ["-m", "kembed_trainer.launch"] and f"{job_manifests.CONFIG_MOUNT}/config.yaml" in args
+    assert list(job["spec"]["template"]["metadata"]["annotations"]) == [job_manifests.CONFIG_ANNOTATION]
 
 
 def test_a_gang_gets_the_headless_service_its_ranks_find_rank_0_through():

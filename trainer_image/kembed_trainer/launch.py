@@ -1,10 +1,9 @@
-"""torchrun, with the failed rank's own exit code (runs inside the trainer image: stdlib and torch only).
+"""torchrun, with the failed rank's own exit code (runs inside the trainer image: stdlib, torch, kembed_trainer.runtime).
 
 torchrun exits 1 whatever happened to its workers, which would hide the difference between a bad config (exit 2,
-permanent), a crash (1, permanent) and a kill (137) or a SIGTERM checkpoint (143, both retryable). The operator
-ships this file to every trainer pod in the job's ConfigMap and runs it as `python launch.py <torchrun arguments>`;
-the local backend runs it as `python -m kembed_trainer.launch <torchrun arguments>`: the same
-arguments, the same launch code (torch.distributed.run.run), but the pod then exits with
+permanent), a crash (1, permanent) and a kill (137) or a SIGTERM checkpoint (143, both retryable). Trainer pods
+and the local backend both run it as `python -m kembed_trainer.launch <torchrun arguments>`: the same
+arguments, the same launch code (torch.distributed.run.run), but the process then exits with
 - the first failed worker's exit code (128 + N when a signal N killed it), or 2 when any worker exited 2 (bad
   config or data: its peers then often fail only because it left, and sometimes before it is noticed),
 - 128 + N when the launcher itself got signal N (SIGTERM: the workers were asked to checkpoint and stop),
@@ -13,6 +12,8 @@ arguments, the same launch code (torch.distributed.run.run), but the pod then ex
 
 import signal
 import sys
+
+from kembed_trainer.runtime import EXIT_BAD_CONFIG
 
 
 def main(argv=None):
@@ -23,8 +24,7 @@ def main(argv=None):
     try:
         run(parse_args(argv))
     except ChildFailedError as failed:
-        # 2 is kembed_trainer.runtime.EXIT_BAD_CONFIG, restated: this file runs alone in a pod's ConfigMap.
-        bad_input = sorted((r, f) for r, f in failed.failures.items() if f.exitcode == 2)
+        bad_input = sorted((r, f) for r, f in failed.failures.items() if f.exitcode == EXIT_BAD_CONFIG)
         rank, failure = bad_input[0] if bad_input else failed.get_first_failure()
         code = failure.exitcode
         code = 128 - code if code < 0 else code  # a negative exit code is the signal that ended the worker
