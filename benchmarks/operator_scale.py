@@ -192,31 +192,48 @@ class Phase:
         self.all_done = threading.Event()
         self.num_jobs = 0
 
+    @staticmethod
+    def _watch(list_fn: Callable[..., Any], ready: threading.Event, on_object: Callable[[dict], bool],
+               **kwargs: Any) -> None:
+        """Calls `on_object` with every object list_fn's watch sees until it returns True. A watch the API server
+        ends (its time limit, a busy server dropping the stream) is opened again: its list brings back what changed
+        meanwhile, and the followers keep only the first time they see a job scheduled or done."""
+        ready.set()
+        while True:
+            stream = watch.Watch()
+            try:
+                for event in stream.stream(list_fn, timeout_seconds=900, **kwargs):
+                    if on_object(event["raw_object"]):
+                        stream.stop()
+                        return
+            except Exception as error:  # noqa: BLE001 - any broken stream is reopened; the phase has its own limit
+                print(f"watch reopened after: {type(error).__name__}: {error}", flush=True)
+                time.sleep(0.5)
+
     def _follow_pods(self, ready: threading.Event) -> None:
         core = k8s.CoreV1Api(self.cluster.api_client())
-        stream = watch.Watch()
-        ready.set()
-        for event in stream.stream(core.list_pod_for_all_namespaces, label_selector=self.pod_label,
-                                   timeout_seconds=900):
-            pod = event["raw_object"]
+
+        def on_pod(pod: dict) -> bool:
             job = pod["metadata"]["labels"][self.pod_label]
             if pod["spec"].get("nodeName") and job not in self.scheduled_at:
                 self.scheduled_at[job] = time.monotonic()
-            if len(self.scheduled_at) >= self.num_jobs:
-                stream.stop()
+            return len(self.scheduled_at) >= self.num_jobs
+
+        self._watch(core.list_pod_for_all_namespaces, ready, on_pod, label_selector=self.pod_label)
 
     def _follow_done(self, ready: threading.Event) -> None:
-        api = self.cluster.api_client()
-        list_fn, finished = self.done_watch(api)
-        stream = watch.Watch()
-        ready.set()
-        for event in stream.stream(list_fn, timeout_seconds=900):
-            name = finished(event["raw_object"])
+        list_fn, finished = self.done_watch(self.cluster.api_client())
+
+        def on_job(job: dict) -> bool:
+            name = finished(job)
             if name:
                 self.done.add(name)
             if len(self.done) >= self.num_jobs:
                 self.all_done.set()
-                stream.stop()
+                return True
+            return False
+
+        self._watch(list_fn, ready, on_job)
 
     def run(self, bodies: list[tuple[str, dict[str, Any], str]], *, on_started: Callable[[], None] | None = None,
             pprof: tuple[pathlib.Path, int] | None = None) -> PhaseResult:
