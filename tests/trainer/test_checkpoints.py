@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import io
 import json
+import pathlib
 import subprocess
 import sys
 import time
+import warnings
 
 import fsspec
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from kembed_trainer import checkpoint, config, dist, report, train
 from tests.trainer.conftest import REPO, run_trainer, tiny_config, trainer_env, write_config
@@ -78,6 +83,35 @@ def test_resumed_run_gives_the_same_losses_as_an_uninterrupted_one(tmp_path, ext
     second = progress_losses(resumed)
     assert list(second) == list(range(16, 31))
     assert second == {s: straight[s] for s in second}  # bit for bit, not approximately
+
+
+def write_without_best(step_dir: pathlib.Path, scratch: pathlib.Path) -> None:
+    """Rewrite a checkpoint as the trainer wrote it before it kept the best eval: no `trainer.best`."""
+    dcp_to_torch_save(step_dir, scratch)
+    state = torch.load(scratch, weights_only=False)
+    del state["trainer"]["best"]
+    for file in [step_dir / ".metadata", *step_dir.glob("*.distcp")]:
+        file.unlink()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process: as meant
+        dcp.save(state, storage_writer=FsspecWriter(f"file://{step_dir}"))
+
+
+def test_a_checkpoint_from_before_the_best_eval_was_kept_resumes(tmp_path):
+    def run(name: str, steps: int, uri: str) -> list[dict]:
+        cfg = tiny_config(checkpoint={"uri": uri, "every_steps": 0}, training={"steps": steps, "log_every": 1})
+        code, recs, stderr = run_trainer(write_config(tmp_path / f"{name}.yaml", cfg))
+        assert code == 0, stderr
+        return recs
+
+    straight = progress_losses(run("straight", 30, f"file://{tmp_path}/a"))
+    run("first-half", 15, f"file://{tmp_path}/b")
+    write_without_best(tmp_path / "b" / "step-15", tmp_path / "old.pt")
+    resumed = run("second-half", 30, f"file://{tmp_path}/b")
+    assert resumed[0]["resumed_from"] == f"file://{tmp_path}/b/step-15"
+    second = progress_losses(resumed)
+    assert second == {s: straight[s] for s in range(16, 31)}
+    assert resumed[-1]["event"] == "done" and resumed[-1]["best_step"] == 30  # its evals since count
 
 
 def test_partial_and_corrupt_latest_checkpoints_are_skipped(tmp_path, ckpt_uri):

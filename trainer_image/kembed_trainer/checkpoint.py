@@ -18,6 +18,7 @@ import json
 import sys
 import time
 import warnings
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -134,11 +135,13 @@ class Checkpointer:
             self._prune()
         return SavedCheckpoint(step, self.step_uri(step), num_bytes, time.perf_counter() - start, blocked)
 
-    def load_latest(self, state: dict[str, Any]) -> int | None:
+    def load_latest(self, state: dict[str, Any], *, optional: tuple[str, ...] = ()) -> int | None:
         """Load the newest complete checkpoint that reads back into `state`; its step, or None if none exists.
 
         A complete checkpoint that fails to load (a file lost or corrupted later) is skipped for the one before
-        it. DCP raises on every rank when any rank fails, so all ranks skip together.
+        it. DCP raises on every rank when any rank fails, so all ranks skip together. `optional`: dotted paths
+        of parts of `state` that checkpoints written before those parts existed lack (`trainer.best`); such a
+        checkpoint loads without them, and they keep what `state` holds.
         """
         steps = self.complete_steps()
         for step in steps:
@@ -148,7 +151,9 @@ class Checkpointer:
             try:
                 with warnings.catch_warnings():
                     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                    dcp.load(state, storage_reader=FsspecReader(self.step_uri(step)))
+                    metadata = FsspecReader(self.step_uri(step)).read_metadata()
+                    dcp.load(_without_absent(state, metadata.state_dict_metadata, optional),
+                             storage_reader=FsspecReader(self.step_uri(step)))
                 return step
             except (Exception, CheckpointException) as exc:  # noqa: BLE001 - any unreadable one is skipped
                 # The error's type only: its message may quote the bytes it could not read.
@@ -198,3 +203,19 @@ def _copy(state: Any) -> Any:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def _without_absent(state: dict[str, Any], saved: Mapping[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
+    """`state` less each `optional` part that no key of the checkpoint (`saved`, DCP's dotted keys) lies under.
+    Only the dicts on the way to a dropped part are copied: every tensor is still the caller's, loaded in place."""
+    for path in optional:
+        if any(key == path or key.startswith(f"{path}.") for key in saved):
+            continue
+        *parents, last = path.split(".")
+        state = dict(state)
+        node = state
+        for name in parents:
+            node[name] = dict(node[name])
+            node = node[name]
+        node.pop(last, None)
+    return state

@@ -261,7 +261,8 @@ class Trainer:
         if self.checkpointer is None:
             return None
         state = self.state_dict()
-        step = self.checkpointer.load_latest(state)
+        # Checkpoints written before the best eval was kept lack it: they resume with no best yet.
+        step = self.checkpointer.load_latest(state, optional=("trainer.best",))
         if step is None:
             return None
         if self.optimizer is not None:
