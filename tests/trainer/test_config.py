@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
+import yaml
 
 from kembed_trainer import config
 from tests.trainer.conftest import EXAMPLES, REPO, tiny_config, write_config
@@ -65,10 +67,11 @@ def test_shipped_examples_validate(example):
             id="shard-threshold",
         ),
         pytest.param(
-            {"training": {"steps": 5, "epochs": 2}}, "training: set exactly one of steps and epochs", id="both"
+            {"training": {"steps": 5, "epochs": 2}}, "training: set one of steps and epochs, not both", id="both"
         ),
         pytest.param(
-            {"training": {"steps": None}}, "training: set exactly one of steps and epochs", id="neither"
+            {"training": {"steps": None}}, "training.steps: synthetic data is endless, set training.steps",
+            id="neither-on-synthetic",
         ),
         pytest.param(
             {"training": {"steps": None, "epochs": 2}},
@@ -112,3 +115,65 @@ def test_missing_config_file_exits_2(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("config error:")
+
+
+def data_and_kind(kind: str, **training) -> dict:
+    """A config that gives what the data holds and the model's kind, nothing else."""
+    features = ["center", "context"] if kind == "text" else ["user", "item"]
+    tables = [{"name": f"t_{f}", "num_embeddings": 100, "features": [f]} for f in features]
+    model, data = {
+        "ratings": ({"kind": "two_tower", "user_features": ["user"], "item_features": ["item"]}, "rating"),
+        "clicks": ({"kind": "dlrm"}, "click"),
+        "text": ({"kind": "word2vec"}, None),
+    }[kind]
+    if data is None:
+        data = {"kind": "text", "uri": "/corpus.txt"}
+    else:
+        data = {"kind": "table", "uri": "/rows.parquet", "label": data, "sparse": {f: f for f in features}}
+    return {"model": model, "embeddings": {"tables": tables}, "data": data, **({"training": training} if training else {})}
+
+
+def effective(cfg: config.TrainerConfig, path: str) -> object:
+    value: object = cfg
+    for name in path.split("."):
+        value = getattr(value, name.removesuffix("[]"))
+        if name.endswith("[]"):
+            value = value[0]
+    return value
+
+
+def test_the_defaults_per_kind_in_the_docs_are_the_configs():
+    text = (REPO / "docs" / "trainer.md").read_text()
+    section = text.split("### Defaults per kind", 1)[1].split("\n### ", 1)[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| `")]
+    documented = {re.match(r"`([^`]+)`", row[0]).group(1): row[1:] for row in rows}
+    assert {p.replace("tables.", "tables[].") for d in config.KIND_DEFAULTS.values() for p in d} <= set(documented)
+    for i, kind in enumerate(["ratings", "clicks", "text"]):
+        cfg = config.TrainerConfig.model_validate(data_and_kind(kind))
+        assert cfg.task == kind
+        for path, cells in documented.items():
+            cell = cells[i]
+            if cell.startswith("("):
+                continue  # the kind has no such part
+            shown = yaml.safe_load(m.group(1)) if (m := re.match(r"`([^`]+)`", cell)) else yaml.safe_load(cell)
+            assert effective(cfg, path) == shown, (kind, path)
+
+
+@pytest.mark.parametrize("kind", ["ratings", "clicks", "text"])
+def test_a_config_of_data_and_kind_validates_to_itself(kind):
+    cfg = config.TrainerConfig.model_validate(data_and_kind(kind))
+    assert config.TrainerConfig.model_validate(cfg.model_dump(mode="json")) == cfg
+
+
+def test_what_a_config_gives_is_kept_and_ratings_defaults_follow_its_batch_size():
+    cfg = config.TrainerConfig.model_validate(data_and_kind("ratings", batch_size=1024))
+    assert (cfg.optimizer.sparse.lr, cfg.embeddings.tables[0].weight_decay) == (0.005 * 1024, 0.02 / 1024)
+    given = data_and_kind("ratings", steps=50)
+    given["optimizer"] = {"sparse": {"lr": 0.5}}
+    given["embeddings"]["tables"][0].update(embedding_dim=33, weight_decay=0.0)
+    given["embeddings"]["tables"][1]["embedding_dim"] = 33
+    cfg = config.TrainerConfig.model_validate(given)
+    assert (cfg.training.steps, cfg.training.epochs, cfg.optimizer.sparse.name, cfg.optimizer.sparse.lr) == (
+        50, None, "sgd", 0.5)
+    assert [(t.embedding_dim, t.weight_decay) for t in cfg.embeddings.tables] == [(33, 0.0), (33, 0.02 / 256)]

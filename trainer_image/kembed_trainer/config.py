@@ -30,6 +30,7 @@ __all__ = [
     "DataConfig",
     "NumbersOnly",
     "DenseOptimizerConfig",
+    "KIND_DEFAULTS",
     "DistributedConfig",
     "EvaluationConfig",
     "EmbeddingsConfig",
@@ -45,7 +46,6 @@ __all__ = [
     "TrainingConfig",
     "TwoTowerConfig",
     "ValidationError",
-    "WORD2VEC_SPARSE_OPTIMIZER",
     "Word2VecConfig",
     "format_validation_error",
     "load_config",
@@ -94,7 +94,8 @@ def _float(*, gt: float | None = None, ge: float | None = None, le: float | None
     return Annotated[float, Field(strict=True, gt=gt, ge=ge, le=le, lt=lt, allow_inf_nan=False)]  # type: ignore
 
 
-LearningRate = _float(gt=0, le=1000)
+MAX_LR = 1000
+LearningRate = _float(gt=0, le=MAX_LR)
 MAX_HOTNESS = 4096  # ids per feature per sample
 MAX_EVAL_SAMPLES = 100_000_000  # an eval's scores and labels are gathered on every rank
 MAX_BATCH = 2**22  # samples per rank per step (4M); memory is checked separately
@@ -119,14 +120,16 @@ class TableConfig(_Strict):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=MAX_NAME,
                       description="Unique table name (checkpoint key).")
     num_embeddings: _int(1, MAX_ROWS) = Field(description="Rows. With `hash_ids`, the number of hash buckets.")
-    embedding_dim: _int(1, MAX_WIDTH) = Field(description="Width of each row.")
+    embedding_dim: _int(1, MAX_WIDTH) = Field(
+        16, description="Width of each row. Unset: the model kind's default (docs/trainer.md, defaults per kind), else 16."
+    )
     features: Features = Field(description="Sparse features looked up in this table.")
     lr_scale: _float(gt=0, le=1000) = Field(1.0, description="Multiplies the sparse optimizer's lr for this table.")
     weight_decay: _float(ge=0, le=1000) = Field(
         0.0,
         description="L2 regularisation: weight_decay x row is added to the gradient of each row a step touches "
         "(lazily: untouched rows do not decay), before the sparse optimizer sees it, so row-wise Adagrad's "
-        "accumulator counts it per row. 0 = none.",
+        "accumulator counts it per row. 0 = none. Unset: the model kind's default (docs/trainer.md, defaults per kind), else 0.",
     )
     hash_ids: bool = Field(
         False,
@@ -278,14 +281,14 @@ class TextDataConfig(_Strict):
     kind: Literal["text"] = "text"
     uri: ReadUri
     tokenizer: Literal["whitespace", "chars"] = "whitespace"
-    min_count: PositiveInt = 1
+    min_count: PositiveInt = Field(5, description="Words seen fewer times are left out (gensim's default).")
     window: _int(1, 1000) = Field(5, description="Context words on each side of the center word.")
     negatives: _int(1, 1000) = Field(5, description="Noise words per (center, context) pair.")
     subsample: _float(ge=0, le=1) = Field(
         1e-3, description="Frequent-word subsampling threshold t (Mikolov et al.); 0 = off."
     )
     eval_fraction: Fraction = Field(
-        0.05, description="Sentences held out for the eval loss/AUC of true vs noise pairs."
+        0.01, description="Sentences held out for the eval loss/AUC of true vs noise pairs."
     )
 
     @property
@@ -312,10 +315,6 @@ class SparseOptimizerConfig(_Strict):
     beta2: Fraction = Field(0.999, description="adam only.")
 
 
-WORD2VEC_SPARSE_OPTIMIZER = {"name": "sgd", "lr": 0.025, "min_lr": 0.0001}
-"""gensim's defaults (alpha 0.025 falling to min_alpha 0.0001): what word2vec's unset optimizer fields take."""
-
-
 class DenseOptimizerConfig(_Strict):
     name: Literal["adam", "adamw"] = "adam"
     lr: LearningRate = 1e-3
@@ -337,14 +336,20 @@ class TrainingConfig(_Strict):
         "tables stay float32); faster on GPUs and CPUs with bf16 units, slightly less precise.",
     )
     steps: PositiveInt | None = Field(
-        None, description="Total optimizer steps (a resumed run continues up to this); exactly one of steps, epochs."
+        None,
+        description="Total optimizer steps (a resumed run continues up to this); at most one of steps, epochs; "
+        "neither: the model kind's default epochs (docs/trainer.md), and synthetic data needs steps.",
     )
     epochs: _int(1, MAX_EPOCHS) | None = Field(
         None,
         description="Passes over the training data (table or text data), turned into steps once the data is "
-        "read (see docs/trainer.md); exactly one of steps, epochs.",
+        "read (see docs/trainer.md); at most one of steps, epochs.",
     )
-    batch_size: _int(1, MAX_BATCH) = Field(description="Samples per rank per step.")
+    batch_size: _int(1, MAX_BATCH) = Field(
+        256,
+        description="Samples per rank per step (word2vec: corpus words). Unset: the model kind's default "
+        "(docs/trainer.md, defaults per kind), else 256.",
+    )
     seed: _int(-(2**63), 2**63 - 1) = 0
     log_every: PositiveInt = Field(10, description="Steps between `progress` records.")
     eval_every: Count = Field(
@@ -356,8 +361,8 @@ class TrainingConfig(_Strict):
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingConfig:
-        if (self.steps is None) == (self.epochs is None):
-            raise ValueError("set exactly one of steps and epochs")
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError("set one of steps and epochs, not both")
         return self
 
 
@@ -462,12 +467,76 @@ class DistributedConfig(_Strict):
     )
 
 
+# ----------------------------------------------------------------------------------------------- defaults per kind
+Task = Literal["ratings", "clicks", "text"]
+
+FUNK_SVD_STEP, FUNK_SVD_REG = 0.005, 0.02
+"""Funk SVD's SGD step and L2 weight per rating (Surprise's SVD defaults), which ratings' defaults carry into
+batches: the loss is the batch's mean, so each row's gradient is divided by batch_size and these are multiplied
+(lr) and divided (weight decay) by it."""
+
+
+def _ratings_lr(cfg: TrainerConfig) -> float:
+    return float(min(FUNK_SVD_STEP * cfg.training.batch_size, MAX_LR))
+
+
+def _ratings_weight_decay(cfg: TrainerConfig) -> float:
+    return FUNK_SVD_REG / cfg.training.batch_size
+
+
+KIND_DEFAULTS: dict[str, dict[str, object]] = {
+    # Funk SVD as Surprise's SVD runs it (100 factors, 20 epochs, step 0.005, reg 0.02): per-row SGD, 100 factors
+    # plus the bias coordinate, and a dense lr at which the global bias nears the mean rating within about an epoch.
+    "ratings": {
+        "training.batch_size": 256,
+        "training.epochs": 20,
+        "embeddings.tables.embedding_dim": 101,
+        "embeddings.tables.weight_decay": _ratings_weight_decay,
+        "optimizer.sparse.name": "sgd",
+        "optimizer.sparse.lr": _ratings_lr,
+        "optimizer.dense.lr": 0.01,
+    },
+    # The fields' own defaults (row-wise Adagrad at 0.05, Adam at 1e-3, dim 16, batch 256) and one pass over the
+    # log, as DLRM trains on Criteo's.
+    "clicks": {"training.epochs": 1},
+    # gensim's Word2Vec defaults (vector_size 100, 5 epochs, alpha 0.025 falling to min_alpha 0.0001); the text
+    # data's own defaults are gensim's too (window 5, negative 5, min_count 5, sample 1e-3).
+    "text": {
+        "training.batch_size": 10_000,
+        "training.epochs": 5,
+        "embeddings.tables.embedding_dim": 100,
+        "optimizer.sparse.name": "sgd",
+        "optimizer.sparse.lr": 0.025,
+        "optimizer.sparse.min_lr": 0.0001,
+    },
+}
+"""Per task (TrainerConfig.task), `section.field` -> the value a field not given takes (or a function of the
+config whose earlier entries are already applied); a field not named here takes its own default. The one place
+these live: docs/trainer.md#defaults-per-kind shows them (a test checks it agrees)."""
+
+
+def _set_unless_given(model: BaseModel, sections: list[str], name: str, value: object) -> None:
+    """Set `name` on the model at `sections` below `model` (on each one of a list) unless the input gave it.
+    Sections are replaced by updated copies, never changed in place: an unset section is a shared default."""
+    if not sections:
+        if name not in model.model_fields_set:
+            setattr(model, name, value)
+        return
+    head, *rest = sections
+    child = getattr(model, head)
+    children = child if isinstance(child, list) else [child]
+    copies = [c.model_copy(deep=True) for c in children]
+    for c in copies:
+        _set_unless_given(c, rest, name, value)
+    setattr(model, head, copies if isinstance(child, list) else copies[0])
+
+
 class TrainerConfig(_Strict):
     model: ModelConfig = DLRMConfig()
     embeddings: EmbeddingsConfig
     data: DataConfig = SyntheticDataConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
-    training: TrainingConfig
+    training: TrainingConfig = TrainingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     distributed: DistributedConfig = DistributedConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
@@ -475,23 +544,21 @@ class TrainerConfig(_Strict):
         None, description="Dynamic sparse masks over the dense weights; null = dense."
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _word2vec_optimizer_defaults(cls, raw: object) -> object:
-        """word2vec's sparse optimizer fields not given take gensim's values (`WORD2VEC_SPARSE_OPTIMIZER`)."""
-        if not isinstance(raw, dict):
-            return raw
-        model = raw.get("model")
-        kind = model.get("kind") if isinstance(model, dict) else getattr(model, "kind", None)
-        optimizer = raw.get("optimizer", {})
-        if (
-            kind != "word2vec"
-            or not isinstance(optimizer, dict)
-            or not isinstance(optimizer.get("sparse", {}), dict)
-        ):
-            return raw
-        sparse = {**WORD2VEC_SPARSE_OPTIMIZER, **optimizer.get("sparse", {})}
-        return {**raw, "optimizer": {**optimizer, "sparse": sparse}}
+    @model_validator(mode="after")
+    def _kind_defaults(self) -> TrainerConfig:
+        """Every field of KIND_DEFAULTS[self.task] not given takes the kind's value. Runs before the checks below
+        (pydantic runs a model's after-validators in order), so they and every reader see the effective values;
+        a dumped config names every field, so it validates again to itself."""
+        if self.training.steps is None and self.training.epochs is None and self.data.kind == "synthetic":
+            raise ValueError("training.steps: synthetic data is endless, set training.steps")
+        for path, value in KIND_DEFAULTS[self.task].items():
+            *sections, name = path.split(".")
+            if (sections, name) == (["training"], "epochs") and self.training.steps is not None:
+                continue  # steps given: no epochs
+            _set_unless_given(self, sections, name, value(self) if callable(value) else value)
+        if self.training.steps is None and self.training.epochs is None:  # both given as null
+            raise ValueError("training: set one of steps and epochs")
+        return self
 
     @model_validator(mode="after")
     def _model_fits_tables(self) -> TrainerConfig:
@@ -555,6 +622,14 @@ class TrainerConfig(_Strict):
                 raise ValueError(
                     f"embeddings.tables: word2vec rows are vocabulary indices; {t.name!r} needs hash_ids: false and admit_after: 0"
                 )
+
+    @property
+    def task(self) -> Task:
+        """What the model learns from: "ratings" (two_tower with mse), "clicks" (dlrm, two_tower with bce) or
+        "text" (word2vec). Defaults (KIND_DEFAULTS) and eval metrics follow it."""
+        if self.model.kind == "word2vec":
+            return "text"
+        return "ratings" if self.ratings else "clicks"
 
     @property
     def ratings(self) -> bool:
