@@ -16,6 +16,11 @@ from tests.operator.harness import JobBuilder, job_pods, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
+# Long enough that the pod is killed well before the end (the kill follows the first checkpoint, at step 50, within
+# a second or two; the tiny gang trains tens of steps a second), short enough that the resumed attempt is not
+# most of the suite's time: 4000 steps took 8 minutes here on a loaded machine.
+STEPS = 1000
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -50,12 +55,12 @@ def test_a_two_node_cpu_gang_survives_a_killed_pod_and_resumes_from_its_s3_check
     s3_server.create_bucket("kembed-test")
     tenant, namespace = make_tenant()
     job = (JobBuilder("e2e").nodes(2).cpu_only(procs_per_node=1, cpu=1, memory="2Gi").max_restarts(2)
-           .trainer(training={"steps": 4000, "log_every": 50, "threads": 1}, checkpoint={"every_steps": 200})
+           .trainer(training={"steps": STEPS, "log_every": 50, "threads": 1}, checkpoint={"every_steps": 50})
            .create(platform, tenant))
 
     wait_phase(platform, namespace, job, "RUNNING", timeout_s=120)
     checkpointed = wait_for(lambda: (harness.job_status(platform, namespace, job).get("lastCheckpoint") or {}).get(
-        "step", 0) >= 200, timeout_s=300, interval_s=1, what="a first checkpoint in S3")
+        "step", 0) >= 50, timeout_s=300, interval_s=0.5, what="a first checkpoint in S3")
     assert checkpointed
     first_checkpoint = harness.job_status(platform, namespace, job)["lastCheckpoint"]
     assert first_checkpoint["uri"].startswith(f"s3://kembed-test/{tenant}/{job}/step-")
@@ -86,14 +91,14 @@ def test_a_two_node_cpu_gang_survives_a_killed_pod_and_resumes_from_its_s3_check
     done = wait_phase(platform, namespace, job, "SUCCEEDED", "FAILED", timeout_s=600)
     assert done["phase"] == "SUCCEEDED", done
     assert done["restartCount"] == 1 and done["progress"]["percent"] == 100
-    assert done["lastCheckpoint"]["uri"].endswith("/step-4000")
+    assert done["lastCheckpoint"]["uri"].endswith(f"/step-{STEPS}")
 
 
-def test_a_one_node_job_trains_from_the_files_in_its_pod_annotations(platform: Cluster, s3_server, local_operator):
+def test_a_one_node_job_trains_from_the_files_in_its_pod_annotations(platform: Cluster, s3_server, local_operator,
+                                                                    make_tenant):
     """No Service and no ConfigMap: the launcher and config come through a downward-API volume, rank 0 is local."""
     s3_server.create_bucket("kembed-test")
-    tenant = harness.tenant_name()
-    namespace = harness.create_tenant(platform, tenant)
+    tenant, namespace = make_tenant()
     job = (JobBuilder("single").cpu_only(procs_per_node=1, cpu=1, memory="2Gi")
            .trainer(training={"steps": 20, "log_every": 10, "threads": 1}, checkpoint={"every_steps": 10})
            .create(platform, tenant))
