@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -97,12 +99,34 @@ def backend():
     return FakeBackend()
 
 
+# Migrating an empty database takes a second or more here, for each of the hundreds of HTTP tests: they start from a
+# copy of one database migrated once per run instead (the app's own upgrade at start-up then finds it current).
+# Migrations from an empty database are tested in test_migrations.py and test_concurrency.py.
+@pytest.fixture(scope="session")
+def sqlite_at_head(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("sqlite-at-head") / "kembed.db"
+    upgrade_to_head(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def postgres_at_head(postgres_server) -> str:
+    """The name of a PostgreSQL database at head, only ever copied (a template has no connections)."""
+    url = postgres_server.new_database()
+    upgrade_to_head(url)
+    return url.rsplit("/", 1)[1]
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def database_url(request, tmp_path):
-    """Every HTTP test runs on both databases kembed supports (PostgreSQL: a real server, a fresh database)."""
+    """Every HTTP test runs on both databases kembed supports (PostgreSQL: a real server), each in a database of
+    its own, already migrated to head."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'kembed.db'}"
-    return request.getfixturevalue("postgres_server").new_database()
+        path = tmp_path / "kembed.db"
+        shutil.copyfile(request.getfixturevalue("sqlite_at_head"), path)
+        return f"sqlite:///{path}"
+    return request.getfixturevalue("postgres_server").new_database(
+        template=request.getfixturevalue("postgres_at_head"))
 
 
 @pytest.fixture
