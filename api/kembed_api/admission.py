@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cached_property
+from typing import Any
 
 from kembed_contract.spec import JobSpec
 
@@ -53,6 +54,12 @@ class Quota:
     memory_bytes: int | None = None
     max_running_jobs: int | None = None
     max_processes: int | None = None
+
+    @classmethod
+    def of(cls, amounts: Mapping[str, Any]) -> Quota:
+        """The limits admission enforces of a tenant's quota (kembed_contract.quota.QuotaSpec.amounts(), or its
+        columns): the dimensions running jobs hold; the others (max_queued_jobs) are checked at submission."""
+        return cls(**{name: amounts[name] for name in ("gpus", "cpu", "memory_bytes", "max_running_jobs")})
 
     @cached_property
     def limits(self) -> tuple[tuple[str, float, str], ...]:

@@ -29,7 +29,7 @@ from kembed_api.jobs.models import Job, JobEvent
 from kembed_api.observability import Metrics
 from kembed_api.storage import PlatformStorage
 from kembed_api.tenants.models import Tenant
-from kembed_api.tenants.service import policy_of, share_of
+from kembed_api.tenants.service import policy_of, quota_spec, share_of, sharing_of, usage_status
 from kembed_contract import lifecycle
 from kembed_contract.lifecycle import ACTIVE_STATES, JobState
 from kembed_contract.spec import JobSpec, read_stored
@@ -43,6 +43,12 @@ _ACTIVE = [s.value for s in ACTIVE_STATES]
 # never sooner than _PASS_GAP_S (or the interval, if shorter) after the last pass: under a steady stream of
 # submissions a pass per batch of them cost a tenth of the API's CPU; one every 0.1 s admits as promptly as anyone
 # watching a queue can tell.
+# What each tenant holds and has queued: when it changes, its usage is shown anew (Dispatcher._show_usage).
+_HELD_BY_TENANT = (
+    select(Tenant.id, Tenant.queued_jobs, func.count(Job.seq), func.coalesce(func.sum(Job.gpus), 0),
+           func.coalesce(func.sum(Job.cpu), 0.0), func.coalesce(func.sum(Job.memory_bytes), 0))
+    .outerjoin(Job, (Job.tenant_id == Tenant.id) & Job.state.in_(_ACTIVE)).group_by(Tenant.id)
+)
 _COALESCE_S = 0.02
 _PASS_GAP_S = 0.1
 
@@ -107,6 +113,7 @@ class Dispatcher:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._held: dict[int, tuple] = {}  # what each tenant held and queued when its usage was last shown
 
     # ------------------------------------------------------------------------------------------- thread
     def start(self) -> None:
@@ -178,6 +185,29 @@ class Dispatcher:
                 self._observe(session, job)
             if not self.admission_paused:
                 self._admit(session)
+        if self.backend.shows_tenant_usage:
+            self._show_usage()
+
+    def _show_usage(self) -> None:
+        """Hand the backend each tenant's use, borrowing and lending (its Tenant's status) when it changed: the
+        tenants whose jobs or queue changed since the last pass, with every member of their cohorts (what one
+        borrows, the others lend)."""
+        with self.db.session() as session:
+            held = {tenant_id: tuple(rest) for tenant_id, *rest in session.execute(_HELD_BY_TENANT)}
+            changed = {t for t in held.keys() | self._held.keys() if held.get(t) != self._held.get(t)}
+            if not changed:
+                return
+            tenants = session.scalars(select(Tenant)).all()
+            cohorts = {t.cohort for t in tenants if t.id in changed and t.cohort}
+            now = self.clock()
+            for tenant in tenants:
+                if tenant.id in changed or (tenant.cohort and tenant.cohort in cohorts):
+                    try:
+                        self.backend.show_usage(tenant.name, usage_status(session, tenant=tenant, now=now))
+                    except Exception:  # shown at the next change; admission does not wait on it
+                        log.warning("could not show the usage of tenant %s", tenant.name, exc_info=True)
+                        held.pop(tenant.id, None)
+        self._held = held
 
     def _observe(self, session: Session, job: Job) -> None:
         now = self.clock()
@@ -251,7 +281,7 @@ class Dispatcher:
         resuming = job.state == JobState.RESTARTING or job.checkpoint_uri is not None  # restarted or preempted
         try:
             if job.restart_count == 0 and not resuming:
-                self.backend.sync_tenant(tenant.name, preemption.ceiling(share_of(tenant)),
+                self.backend.sync_tenant(tenant.name, quota_spec(tenant), sharing_of(tenant),
                                          policy_of(tenant, self.storage) if self.storage else None)
             backend_state = self.backend.start(
                 Launch(job_id=job.id, tenant=tenant.name, spec=spec, attempt=job.restart_count + 1,

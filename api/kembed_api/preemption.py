@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from kembed_api.admission import Demand, Quota, shortfall
 
-__all__ = ["Admit", "Pending", "Plan", "Preempt", "Running", "Share", "Wait", "ceiling", "decide"]
+__all__ = ["Admit", "Pending", "Plan", "Preempt", "Running", "Share", "Wait", "decide"]
 
 
 @dataclass(frozen=True)
@@ -95,12 +95,6 @@ class Plan:
 def _exceeds(quota: Quota, used: Demand) -> bool:
     """Whether `used` is over `quota` in any dimension."""
     return shortfall(quota, used=used, demand=Demand()) is not None
-
-
-def ceiling(share: Share) -> Quota:
-    """The most a tenant may ever hold: its nominal quota, plus its borrowing limit in a cohort. What the
-    cluster enforces for it (its namespace's ResourceQuota), so that borrowed pods can start."""
-    return share.nominal if share.cohort is None else _plus(share.nominal, share.borrowing_limit)
 
 
 def _plus(a: Quota, b: Quota) -> Quota:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import pathlib
 import sys
 from typing import Any
@@ -163,8 +164,22 @@ def render_crds() -> list[dict[str, Any]]:
         columns=[
             {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
             {"name": "Namespace", "type": "string", "jsonPath": ".status.namespace"},
-            {"name": "GPUs", "type": "integer", "jsonPath": ".spec.quota.gpus"},
-            {"name": "Max Jobs", "type": "integer", "jsonPath": ".spec.quota.max_running_jobs"},
+            {"name": "Cohort", "type": "string", "jsonPath": ".spec.sharing.cohort"},
+            {"name": "GPUs", "type": "integer", "jsonPath": ".spec.quota.gpus",
+             "description": "Nominal (guaranteed) GPUs; empty: unlimited."},
+            {"name": "Used", "type": "number", "jsonPath": ".status.usage.used.gpus",
+             "description": "GPUs its admitted jobs hold (written by the API)."},
+            {"name": "Borrowed", "type": "number", "jsonPath": ".status.usage.borrowed.gpus",
+             "description": "GPUs it holds beyond its quota, borrowed from its cohort."},
+            {"name": "Lent", "type": "number", "jsonPath": ".status.usage.lent.gpus",
+             "description": "Its idle GPUs that other members of its cohort borrow."},
+            {"name": "Queued", "type": "integer", "jsonPath": ".status.usage.queuedJobs"},
+            {"name": "CPU", "type": "number", "jsonPath": ".spec.quota.cpu", "priority": 1},
+            {"name": "Used CPU", "type": "number", "jsonPath": ".status.usage.used.cpu", "priority": 1},
+            {"name": "Borrowed CPU", "type": "number", "jsonPath": ".status.usage.borrowed.cpu", "priority": 1},
+            {"name": "Lent CPU", "type": "number", "jsonPath": ".status.usage.lent.cpu", "priority": 1},
+            {"name": "Max Jobs", "type": "integer", "jsonPath": ".spec.quota.max_running_jobs", "priority": 1},
+            {"name": "Running", "type": "integer", "jsonPath": ".status.usage.used.runningJobs", "priority": 1},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
     )
@@ -181,7 +196,8 @@ def render_crds() -> list[dict[str, Any]]:
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
     )
-    return [tenant, job]
+    # Plain trees, no part shared: YAML would write a shared part once with an anchor (&id001) and alias it.
+    return json.loads(json.dumps([tenant, job]))
 
 
 # ------------------------------------------------------------------------------------------------ chart files

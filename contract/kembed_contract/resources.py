@@ -10,9 +10,14 @@ camelCase (``restartCount``, ``lastTransitionTime``), which kubectl and other to
 
 Tenant (cluster-scoped, ``kubectl get tenants``)
     metadata.name   the tenant's name: a DNS label of at most 56 characters (its namespace is ``kembed-<name>``).
-    spec.quota      gpus (nvidia.com/gpu), cpu and memory (quantities), max_running_jobs. The operator writes
-                    them into the namespace's ResourceQuota (requests.* and limits.*; changes apply in place).
-                    max_running_jobs is enforced by the API's admission, not by Kubernetes.
+    spec.quota      the tenant's nominal quota, ``kembed_contract.quota.QuotaSpec`` (the model the API and its
+                    database use): gpus (nvidia.com/gpu), cpu (cores), memory (a quantity), max_running_jobs,
+                    max_queued_jobs; omitted: unlimited. The operator writes gpus, cpu and memory into the
+                    namespace's ResourceQuota (requests.* and limits.*; changes apply in place); the job counts
+                    are enforced by the API's admission, not by Kubernetes.
+    spec.sharing    its cohort, borrowing limit and highest priority class (``kembed_contract.quota.SharingSpec``).
+                    In a cohort the ResourceQuota is the quota plus the borrowing limit, so borrowed pods can
+                    start; what it may borrow at a given moment is decided by the API's admission.
     spec.s3         prefix (``s3://bucket/path``; jobs without checkpoint.uri checkpoint under
                     ``<prefix>/<job>/``) and credentials_secret (a Secret in the operator's namespace whose keys,
                     e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, are copied into the tenant's namespace as
@@ -21,7 +26,10 @@ Tenant (cluster-scoped, ``kubectl get tenants``)
                     never reachable even inside them (the API's checkpoint root). ``spec.s3.prefix`` is the
                     tenant's own folder, always reachable; every other Tenant's prefix is denied. The operator
                     hands the result to the trainers (env KEMBED_STORAGE_POLICY), which enforce it.
-    status          phase (Ready | Terminating | Failed), namespace, conditions, observedGeneration.
+    status          phase (Ready | Terminating | Failed), namespace, conditions, observedGeneration (the operator);
+                    usage (the API, which decides admission and borrowing): what its jobs hold now (used), and in
+                    a cohort what of it is borrowed from the cohort and what of its idle quota the others borrow
+                    (lent), per dimension, and its queued jobs. ``kubectl get tenants`` shows them.
     Deleting a Tenant is refused (it stays Terminating, condition ``Deleting`` False, reason JobsStillRunning)
     while it has EmbeddingJobs that are not finished; once none are, its namespace and everything in it go.
 
@@ -61,11 +69,11 @@ import datetime
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from kembed_contract import quota
 from kembed_contract.lifecycle import JobState
+from kembed_contract.quota import QuotaSpec, SharingSpec, UsageAmounts
 from kembed_contract.spec import JobSpec, parse_quantity
 from kembed_trainer.storage_policy import StoragePolicy, UriError, canonical_uri, check_uri_syntax
 
@@ -80,11 +88,11 @@ __all__ = [
     "Condition",
     "EmbeddingJobSpec",
     "EmbeddingJobStatus",
-    "TenantQuota",
     "TenantS3",
     "TenantSpec",
     "TenantStatus",
     "TenantStorage",
+    "TenantUsage",
     "embedding_job_manifest",
     "tenant_manifest",
     "tenant_namespace",
@@ -133,20 +141,6 @@ def _quantity(value: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ Tenant
-class TenantQuota(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    gpus: int = Field(ge=0, le=quota.MAX_GPUS, description="nvidia.com/gpu the tenant's pods may request in total.")
-    cpu: str = Field(description="CPU the tenant's pods may request in total, as a quantity (e.g. 96, 500m).")
-    memory: str = Field(description="Memory the tenant's pods may request in total, as a quantity (e.g. 512Gi).")
-    max_running_jobs: int = Field(ge=0, le=quota.MAX_JOBS, description="Jobs the API admits at once for this tenant.")
-
-    @field_validator("cpu", "memory")
-    @classmethod
-    def _is_quantity(cls, value: str) -> str:
-        return _quantity(value)
-
-
 class TenantS3(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -182,11 +176,16 @@ class TenantSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     display_name: str | None = Field(None, max_length=200, description="Human-readable team name.")
-    quota: TenantQuota
+    quota: QuotaSpec = Field(default_factory=QuotaSpec, description="The tenant's nominal (guaranteed) quota.")
+    sharing: SharingSpec | None = Field(None, description="Its cohort and borrowing limit; unset: a rigid quota.")
     s3: TenantS3 | None = None
     storage: TenantStorage | None = Field(
         None, description="What the tenant's trainers may read and write besides s3.prefix; unset: only that."
     )
+
+    def resource_quota(self) -> QuotaSpec:
+        """What the namespace's ResourceQuota enforces: the quota, plus the borrowing limit in a cohort."""
+        return (self.sharing or SharingSpec()).ceiling(self.quota)
 
 
 def tenant_storage_policy(spec: TenantSpec, *, other_prefixes: list[str]) -> StoragePolicy:
@@ -206,11 +205,27 @@ def tenant_storage_policy(spec: TenantSpec, *, other_prefixes: list[str]) -> Sto
                          deny=(*(canonical_uri(p) for p in storage.deny), *(p for p in others if p not in own)))
 
 
+class Amounts(UsageAmounts, _Status):
+    """Amounts of each dimension, in the status's camelCase."""
+
+
+class TenantUsage(_Status):
+    """The tenant's share of its cohort now, as the API's admission counts it (kembed_api.tenants.service.usage)."""
+
+    cohort: str | None = Field(None, description="The cohort it shares with; null: a rigid quota.")
+    used: Amounts = Field(description="What its admitted and running jobs hold.")
+    borrowed: Amounts = Field(description="What of `used` lies beyond its nominal quota: borrowed from the cohort.")
+    lent: Amounts = Field(description="Its part of what the cohort's other members borrow: its idle quota, lent.")
+    queued_jobs: int = Field(0, description="Jobs waiting for admission.")
+    time: str = Field(description="RFC 3339 time the API counted this.")
+
+
 class TenantStatus(_Status):
     phase: Literal["Ready", "Terminating", "Failed"] | None = None
     namespace: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
+    usage: TenantUsage | None = Field(None, description="Written by the API: use against quota, borrowed, lent.")
 
 
 def tenant_manifest(name: str, spec: TenantSpec, *, labels: dict[str, str] | None = None) -> dict[str, Any]:

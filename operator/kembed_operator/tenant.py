@@ -14,6 +14,7 @@ import pydantic
 
 from kembed_contract import resources
 from kembed_contract.lifecycle import TERMINAL_STATES
+from kembed_contract.quota import QuotaSpec, cpu_quantity
 from kembed_operator import tenant_manifests
 from kembed_operator.conditions import set_condition
 from kembed_operator.kube import Kube
@@ -70,8 +71,14 @@ def reconcile_tenant(name: str, uid: str, spec: kopf.Spec, status: kopf.Status, 
             raise kopf.TemporaryError(message, delay=30)
         kube.apply(tenant_manifests.s3_secret(name, source))
     _status(kube, name, status, generation, phase="Ready", ready=True, reason="Reconciled",
-            message=f"namespace {resources.tenant_namespace(name)} with quota {tenant.quota.gpus} GPUs, "
-                    f"{tenant.quota.cpu} CPU, {tenant.quota.memory} memory")
+            message=f"namespace {resources.tenant_namespace(name)} with quota {_describe(tenant.resource_quota())}")
+
+
+def _describe(quota: QuotaSpec) -> str:
+    shown = [f"{quota.gpus} GPUs" if quota.gpus is not None else None,
+             f"{cpu_quantity(quota.cpu)} CPU" if quota.cpu is not None else None,
+             f"{quota.memory} memory" if quota.memory is not None else None]
+    return ", ".join(s for s in shown if s) or "unlimited"
 
 
 @kopf.on.delete(*TENANTS)

@@ -51,7 +51,12 @@ class FakeBackend:
     def capacity(self) -> Quota:
         return Quota(max_processes=self.slots)
 
-    def sync_tenant(self, name: str, quota: Quota, policy=None) -> None:
+    shows_tenant_usage = False
+
+    def sync_tenant(self, name: str, quota, sharing, policy=None) -> None:
+        pass
+
+    def show_usage(self, name: str, usage) -> None:
         pass
 
     def start(self, launch: Launch) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from kubernetes.client.rest import ApiException
 
 from kembed_contract import crds, resources
 from kembed_contract.lifecycle import TERMINAL_STATES
+from kembed_contract.quota import QuotaSpec
 from kembed_contract.spec import JobSpec
 from tests.cluster.fixture import Cluster, exists, wait_for
 
@@ -151,10 +152,10 @@ def tenant_name() -> str:
     return f"t{uuid.uuid4().hex[:8]}"
 
 
-def create_tenant(cluster: Cluster, name: str, *, gpus: int = 32, cpu: str = "400", memory: str = "2000Gi",
+def create_tenant(cluster: Cluster, name: str, *, gpus: int = 32, cpu: float = 400, memory: str = "2000Gi",
                   max_running_jobs: int = 200) -> str:
     spec = resources.TenantSpec(
-        quota=resources.TenantQuota(gpus=gpus, cpu=cpu, memory=memory, max_running_jobs=max_running_jobs),
+        quota=QuotaSpec(gpus=gpus, cpu=cpu, memory=memory, max_running_jobs=max_running_jobs),
         s3=resources.TenantS3(prefix=f"s3://kembed-test/{name}"))
     custom(cluster).create_cluster_custom_object(resources.GROUP, resources.VERSION, resources.TENANT_PLURAL,
                                                   resources.tenant_manifest(name, spec))

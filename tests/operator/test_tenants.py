@@ -18,7 +18,7 @@ pytestmark = pytest.mark.cluster
 def test_a_tenant_gets_an_isolated_namespace_with_quota_defaults_and_credentials(platform: Cluster,
                                                                                  operator: harness.OperatorProcess,
                                                                                  make_tenant):
-    name, namespace = make_tenant(gpus=16, cpu="64", memory="256Gi")
+    name, namespace = make_tenant(gpus=16, cpu=64, memory="256Gi")
     core = platform.core()
 
     labels = core.read_namespace(namespace).metadata.labels

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from kembed_contract import resources
+from kembed_contract.quota import QuotaSpec
 from kembed_operator import job_manifests
 from kembed_operator.embeddingjob import storage_policy
 from kembed_operator.settings import OperatorSettings
@@ -15,7 +16,7 @@ from tests.builders import make_spec
 
 
 def _tenant(prefix: str, **storage) -> dict:
-    return {"quota": {"gpus": 0, "cpu": "4", "memory": "8Gi", "max_running_jobs": 2}, "s3": {"prefix": prefix},
+    return {"quota": {"gpus": 0, "cpu": 4, "memory": "8Gi", "max_running_jobs": 2}, "s3": {"prefix": prefix},
             **({"storage": storage} if storage else {})}
 
 
@@ -59,7 +60,7 @@ def test_the_api_writes_the_policy_into_the_tenant_resource():
 
     platform = PlatformStorage(checkpoint_root="s3://ckpt")
     policy = platform.policy("b", read=["s3://datasets/ctr"], write=[])
-    spec = resources.TenantSpec(quota=resources.TenantQuota(gpus=0, cpu="1", memory="1Gi", max_running_jobs=1),
+    spec = resources.TenantSpec(quota=QuotaSpec(gpus=0, cpu=1, memory="1Gi", max_running_jobs=1),
                                 s3=resources.TenantS3(prefix=policy.own[0]),
                                 storage=resources.TenantStorage(read=list(policy.read), write=list(policy.write),
                                                                 deny=list(policy.deny)))

@@ -7,6 +7,8 @@ from typing import Any, Protocol
 
 from kembed_api.admission import Quota
 from kembed_contract.lifecycle import JobState
+from kembed_contract.quota import QuotaSpec, SharingSpec
+from kembed_contract.resources import TenantUsage
 from kembed_contract.spec import JobSpec
 from kembed_trainer.storage_policy import StoragePolicy
 
@@ -56,10 +58,17 @@ class Backend(Protocol):
     def check_fits(self, spec: JobSpec) -> None:
         """Raise ValueError saying why, if this job could never run here (too big for any capacity)."""
 
-    def sync_tenant(self, name: str, quota: Quota, policy: StoragePolicy | None = None) -> None:
+    # Whether show_usage shows anything (the dispatcher counts each tenant's use for it only then).
+    shows_tenant_usage: bool
+
+    def sync_tenant(self, name: str, quota: QuotaSpec, sharing: SharingSpec,
+                    policy: StoragePolicy | None = None) -> None:
         """Make the backend's view of a tenant match the API's (its Kubernetes Tenant); may do nothing. `quota` is
-        the most the tenant may hold (its quota, plus what it may borrow in a cohort: kembed_api.preemption.ceiling);
-        `policy` its storage policy, which its trainers enforce."""
+        its nominal quota, `sharing` its cohort and borrowing limit (the most it may hold is both together: the
+        cluster must let borrowed pods start), `policy` its storage policy, which its trainers enforce."""
+
+    def show_usage(self, name: str, usage: TenantUsage) -> None:
+        """Show what the tenant holds, borrows and lends (its Kubernetes Tenant's status); may do nothing."""
 
     def capacity(self) -> Quota:
         """What all admitted jobs together may hold here (unlimited where the cluster itself enforces it)."""

@@ -20,17 +20,13 @@ from kubernetes.client.rest import ApiException
 
 from kembed_api.admission import Quota
 from kembed_api.backends.base import Exit, Launch, NotReady, Observed
-from kembed_contract import quota, resources
+from kembed_contract import resources
 from kembed_contract.lifecycle import JobState
+from kembed_contract.quota import QuotaSpec, SharingSpec
 from kembed_contract.spec import JobSpec, parse_quantity
 from kembed_trainer.storage_policy import StoragePolicy
 
 __all__ = ["KubernetesBackend"]
-
-# Unlimited API quotas still need numbers in a ResourceQuota: the largest a quota may be (beyond any cluster).
-_UNLIMITED = {"gpus": quota.MAX_GPUS, "cpu": quota.cpu_quantity(quota.MAX_CPU), "memory": str(quota.MAX_MEMORY_BYTES),
-              "max_running_jobs": quota.MAX_JOBS}
-
 
 def _load_client_config() -> None:
     try:
@@ -53,6 +49,7 @@ class KubernetesBackend:
         self._largest_node: dict[str, float] | None = None
         self._nodes_read_at = 0.0
         self._lock = threading.Lock()
+        self._usage_shown: dict[str, dict[str, Any]] = {}  # tenant -> the usage last written into its status
 
     # ------------------------------------------------------------------------------------------- admission
     def _largest_node_allocatable(self) -> dict[str, float] | None:
@@ -89,17 +86,14 @@ class KubernetesBackend:
         return Quota()
 
     # ------------------------------------------------------------------------------------------- tenants
-    def sync_tenant(self, name: str, limits: Quota, policy: StoragePolicy | None = None) -> None:
-        """Create or update the tenant's Tenant resource: its namespace quota follows the API's quota, and its
-        storage policy (its own folder as s3.prefix, the rest as storage) reaches its trainers through it."""
-        spec = resources.TenantSpec(quota=resources.TenantQuota(
-            gpus=min(limits.gpus, quota.MAX_GPUS) if limits.gpus is not None else _UNLIMITED["gpus"],
-            cpu=quota.cpu_quantity(min(limits.cpu, quota.MAX_CPU)) if limits.cpu is not None else _UNLIMITED["cpu"],
-            memory=str(min(limits.memory_bytes, quota.MAX_MEMORY_BYTES)) if limits.memory_bytes is not None
-            else _UNLIMITED["memory"],
-            max_running_jobs=(min(limits.max_running_jobs, quota.MAX_JOBS) if limits.max_running_jobs is not None
-                              else _UNLIMITED["max_running_jobs"]),
-        ))
+    shows_tenant_usage = True
+
+    def sync_tenant(self, name: str, quota: QuotaSpec, sharing: SharingSpec,
+                    policy: StoragePolicy | None = None) -> None:
+        """Create or update the tenant's Tenant resource: the API's quota and sharing, as they are (the operator
+        makes the namespace's ResourceQuota of them), and its storage policy (its own folder as s3.prefix, the
+        rest as storage), which reaches its trainers through it."""
+        spec = resources.TenantSpec(quota=quota, sharing=sharing)
         if policy is not None:
             spec.storage = resources.TenantStorage(read=list(policy.read), write=list(policy.write),
                                                    deny=list(policy.deny))
@@ -115,6 +109,22 @@ class KubernetesBackend:
                 raise
             self.custom.patch_cluster_custom_object(resources.GROUP, resources.VERSION, resources.TENANT_PLURAL,
                                                     name, {"spec": manifest["spec"]})
+
+    def show_usage(self, name: str, usage: resources.TenantUsage) -> None:
+        """Write the tenant's use, borrowing and lending into its Tenant's status (`kubectl get tenants`), when it
+        changed since the last write (the time it was counted aside)."""
+        shown = usage.model_dump(mode="json", by_alias=True, exclude={"time"})
+        if self._usage_shown.get(name) == shown:
+            return
+        try:
+            self.custom.patch_cluster_custom_object_status(
+                resources.GROUP, resources.VERSION, resources.TENANT_PLURAL, name,
+                {"status": {"usage": usage.model_dump(mode="json", by_alias=True)}})
+        except ApiException as error:
+            if error.status != 404:  # not synced yet: shown at the next change after it is
+                raise
+            return
+        self._usage_shown[name] = shown
 
     # ------------------------------------------------------------------------------------------- lifecycle
     def start(self, launch: Launch) -> dict[str, Any]:

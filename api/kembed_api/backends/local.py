@@ -26,6 +26,8 @@ from kembed_api.admission import Quota
 from kembed_api.backends.base import Exit, Launch
 from kembed_api.ports import free_port
 from kembed_contract import lifecycle
+from kembed_contract.quota import QuotaSpec, SharingSpec
+from kembed_contract.resources import TenantUsage
 from kembed_contract.spec import JobSpec
 from kembed_trainer import runtime
 from kembed_trainer import sandbox as landlock
@@ -134,8 +136,14 @@ class LocalBackend:
     def capacity(self) -> Quota:
         return Quota(max_processes=self.slots)
 
-    def sync_tenant(self, name: str, quota: Quota, policy: StoragePolicy | None = None) -> None:
+    shows_tenant_usage = False  # the API's usage endpoint and dashboard show it; nothing else here would
+
+    def sync_tenant(self, name: str, quota: QuotaSpec, sharing: SharingSpec,
+                    policy: StoragePolicy | None = None) -> None:
         pass  # tenants need nothing on this machine
+
+    def show_usage(self, name: str, usage: TenantUsage) -> None:
+        pass
 
     # ------------------------------------------------------------------------------------------- lifecycle
     def _job_dir(self, job_id: str) -> Path:

@@ -1,16 +1,32 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Float, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from kembed_api.db import Base, UTCDateTime, utcnow
+from kembed_contract.quota import QuotaSpec, Stored
 
-__all__ = ["Tenant"]
+__all__ = ["Tenant", "quota_columns"]
 
 
-class Tenant(Base):
+_COLUMN_TYPES = {Stored.COUNT: Integer, Stored.CORES: Float, Stored.BYTES: BigInteger}
+# One nullable column `quota_<amount>` for each dimension of the quota model (kembed_contract.quota.QuotaSpec),
+# typed by how the model says it is stored: a dimension added there is a column here (and a migration).
+_QuotaColumns = type("_QuotaColumns", (), {
+    f"quota_{amount}": mapped_column(_COLUMN_TYPES[stored], default=None)
+    for amount, stored in QuotaSpec.stored().items()
+})
+
+
+def quota_columns(tenant: Any) -> dict[str, Any]:
+    """The tenant's quota, by amount name (a Tenant or a row of `tenants`: the same attribute names)."""
+    return {amount: getattr(tenant, f"quota_{amount}") for amount in QuotaSpec.stored()}
+
+
+class Tenant(_QuotaColumns, Base):
     """A team. Quota columns are limits; NULL means unlimited."""
 
     __tablename__ = "tenants"
@@ -20,11 +36,8 @@ class Tenant(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None, onupdate=utcnow)
 
-    quota_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
-    quota_cpu: Mapped[float | None] = mapped_column(Float, default=None)
-    quota_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
-    quota_max_running_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
-    quota_max_queued_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
+    # The quota columns (quota_gpus, quota_cpu, quota_memory_bytes, ...) come from the contract's QuotaSpec:
+    # see _QuotaColumns above.
     # Sharing (kembed_api.preemption): the quota columns are the tenant's nominal (guaranteed) share; in a cohort
     # it may borrow what the other members leave idle, up to `borrowing_limit` (a QuotaSpec as JSON; NULL:
     # unlimited), and they may reclaim it. `max_priority_class`: the highest of the platform's priority classes

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request, Response, status
 
-from kembed_api import errors, preemption
+from kembed_api import errors
 from kembed_api.auth import service as auth_service
 from kembed_api.auth.models import ApiToken
 from kembed_api.auth.roles import Role, may_hold
@@ -81,7 +81,7 @@ def _check_priority_class(request: Request, sharing: SharingSpec | None) -> None
 def _sync(request: Request, tenant: Tenant) -> None:
     """Mirror the tenant into the backend (its Kubernetes Tenant) now; the dispatcher retries at the next launch."""
     try:
-        request.app.state.backend.sync_tenant(tenant.name, preemption.ceiling(service.share_of(tenant)),
+        request.app.state.backend.sync_tenant(tenant.name, service.quota_spec(tenant), service.sharing_of(tenant),
                                               service.policy_of(tenant, request.app.state.storage))
     except Exception:  # the database is the system of record; the cluster catches up on the next launch
         log.warning("could not sync tenant %s to the backend", tenant.name, exc_info=True)

@@ -8,9 +8,9 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kembed_api.auth.roles import Role
-from kembed_contract import quota as quota_bounds
-from kembed_contract.spec import QUANTITY_PATTERN, parse_quantity
-from kembed_trainer.config import NumbersOnly
+
+# The quota model is the contract's (one definition for the API, the database and the Tenant resource).
+from kembed_contract.quota import QuotaSpec, SharingSpec, UsageAmounts
 
 __all__ = [
     "QuotaSpec", "SharingSpec", "SharingUsage", "StorageRead", "StorageSpec", "TenantCreate", "TenantList",
@@ -18,47 +18,6 @@ __all__ = [
 ]
 
 _TENANT_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-
-
-class QuotaSpec(BaseModel):
-    """Limits of a tenant. Omitted or null means unlimited."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={
-        "examples": [{"gpus": 16, "cpu": 64, "memory": "256Gi", "max_running_jobs": 4, "max_queued_jobs": 100}]})
-
-    # Upper bounds keep every value storable (32-bit integers in PostgreSQL) and far above any real cluster.
-    gpus: Annotated[int, NumbersOnly, Field(ge=0, le=quota_bounds.MAX_GPUS)] | None = Field(
-        None, description="GPUs all running jobs may hold together.")
-    cpu: Annotated[float, Field(strict=True, ge=0, le=quota_bounds.MAX_CPU, allow_inf_nan=False)] | None = Field(
-        None, description="CPU cores all running jobs may hold.")
-    memory: Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)] | None = Field(None, description="Memory all running jobs may hold (a quantity, e.g. 256Gi).")
-    max_running_jobs: Annotated[int, NumbersOnly, Field(ge=0, le=quota_bounds.MAX_JOBS)] | None = None
-    max_queued_jobs: Annotated[int, NumbersOnly, Field(ge=0, le=quota_bounds.MAX_JOBS)] | None = Field(
-        None, description="Jobs waiting at once; a submission beyond it is refused with 429."
-    )
-
-    @field_validator("memory")
-    @classmethod
-    def _memory_is_quantity(cls, value: str | None) -> str | None:
-        if value is not None and not 0 <= parse_quantity(value) <= quota_bounds.MAX_MEMORY_BYTES:
-            raise ValueError("must be between 0 and 4Ei")
-        return value
-
-
-class SharingSpec(BaseModel):
-    """How a tenant shares: its quota is its nominal (guaranteed) share; in a cohort it lends what it leaves
-    idle and may borrow what the others leave idle, up to its borrowing limit (Kueue's cohorts)."""
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "examples": [{"cohort": "research", "borrowing_limit": {"gpus": 16}, "max_priority_class": "normal"}]})
-
-    cohort: Annotated[str, Field(min_length=1, max_length=48, pattern=_TENANT_NAME)] | None = Field(
-        None, description="Tenants of one cohort lend each other idle quota; null: no cohort (rigid quota).")
-    borrowing_limit: QuotaSpec = Field(
-        default_factory=QuotaSpec, description="At most this much beyond the tenant's quota may be borrowed "
-        "from the cohort (omitted or null fields: as much as the cohort has idle).")
-    max_priority_class: Annotated[str, Field(min_length=1, max_length=32)] | None = Field(
-        None, description="The highest of the platform's priority classes its jobs may use; null: any.")
 
 
 _Prefixes = Annotated[list[Annotated[str, Field(min_length=1, max_length=4096)]], Field(max_length=100)]
@@ -153,13 +112,6 @@ class TokenCreated(TokenRead):
 class TokenList(BaseModel):
     items: list[TokenRead]
     next_cursor: str | None = None
-
-
-class UsageAmounts(BaseModel):
-    gpus: float
-    cpu: float
-    memory_bytes: int
-    running_jobs: int
 
 
 class SharingUsage(BaseModel):

@@ -13,7 +13,7 @@ from kembed_api.admission import Quota
 from kembed_api.db import Executor, utcnow
 from kembed_api.jobs.models import Job
 from kembed_api.storage import PlatformStorage
-from kembed_api.tenants.models import Tenant
+from kembed_api.tenants.models import Tenant, quota_columns
 from kembed_api.tenants.schemas import (
     QuotaSpec,
     SharingSpec,
@@ -25,13 +25,13 @@ from kembed_api.tenants.schemas import (
     UsageAmounts,
 )
 from kembed_contract.lifecycle import ACTIVE_STATES
-from kembed_contract.spec import parse_quantity
+from kembed_contract.resources import TenantUsage, now_rfc3339
 from kembed_trainer.storage_policy import StoragePolicy
 
 __all__ = [
     "TenantExists", "TenantNotFound", "create_tenant", "ensure_tenant", "fill_unset_storage", "get_tenant",
-    "list_tenants", "policy_of", "quota_from_spec", "quota_of", "quota_spec", "set_quota", "set_sharing",
-    "set_storage", "share_of", "sharing_of", "to_read", "usage",
+    "list_tenants", "policy_of", "quota_of", "quota_spec", "set_quota", "set_sharing",
+    "set_storage", "share_of", "sharing_of", "to_read", "usage", "usage_status",
 ]
 
 
@@ -44,29 +44,18 @@ class TenantExists(ValueError):
 
 
 def quota_of(tenant: Tenant) -> Quota:
-    return Quota(gpus=tenant.quota_gpus, cpu=tenant.quota_cpu, memory_bytes=tenant.quota_memory_bytes,
-                 max_running_jobs=tenant.quota_max_running_jobs)
+    """What admission enforces for the tenant (a Tenant or a row of `tenants`)."""
+    return Quota.of(quota_columns(tenant))
 
 
 def share_of(tenant: Tenant) -> preemption.Share:
     """The tenant's place in admission: its quota is its nominal share; its cohort and borrowing limit."""
     borrowing = QuotaSpec.model_validate(tenant.borrowing_limit) if tenant.borrowing_limit else QuotaSpec()
-    return preemption.Share(nominal=quota_of(tenant), cohort=tenant.cohort, borrowing_limit=quota_from_spec(borrowing))
-
-
-def quota_from_spec(quota: QuotaSpec) -> Quota:
-    return Quota(gpus=quota.gpus, cpu=quota.cpu,
-                 memory_bytes=None if quota.memory is None else int(parse_quantity(quota.memory)),
-                 max_running_jobs=quota.max_running_jobs)
+    return preemption.Share(nominal=quota_of(tenant), cohort=tenant.cohort, borrowing_limit=Quota.of(borrowing.amounts()))
 
 
 def quota_spec(tenant: Tenant) -> QuotaSpec:
-    memory = tenant.quota_memory_bytes
-    return QuotaSpec(
-        gpus=tenant.quota_gpus, cpu=tenant.quota_cpu,
-        memory=None if memory is None else (f"{memory // 2**30}Gi" if memory % 2**30 == 0 else str(memory)),
-        max_running_jobs=tenant.quota_max_running_jobs, max_queued_jobs=tenant.quota_max_queued_jobs,
-    )
+    return QuotaSpec.from_amounts(quota_columns(tenant))
 
 
 def sharing_of(tenant: Tenant) -> SharingSpec:
@@ -106,9 +95,8 @@ def fill_unset_storage(session: Session, *, storage: PlatformStorage) -> None:
 
 
 def set_quota(tenant: Tenant, quota: QuotaSpec) -> None:
-    tenant.quota_gpus, tenant.quota_cpu = quota.gpus, quota.cpu
-    tenant.quota_memory_bytes = None if quota.memory is None else int(parse_quantity(quota.memory))
-    tenant.quota_max_running_jobs, tenant.quota_max_queued_jobs = quota.max_running_jobs, quota.max_queued_jobs
+    for amount, value in quota.amounts().items():
+        setattr(tenant, f"quota_{amount}", value)
 
 
 def ensure_tenant(session: Session, *, name: str) -> Tenant:
@@ -212,6 +200,19 @@ def _sharing_usage(session: Executor, *, tenant: Tenant) -> SharingUsage:
                             running_jobs=int(values["running_jobs"]))
     return SharingUsage(cohort=tenant.cohort, nominal=quota_spec(tenant), borrowed=amounts(borrowed[tenant.id]),
                         lent=amounts(lent))
+
+
+def usage_status(session: Executor, *, tenant: Tenant, now: datetime | None = None) -> TenantUsage:
+    """What its Tenant resource's status shows (kembed_contract.resources.TenantUsage): what the tenant's jobs
+    hold, and in a cohort what of it is borrowed and what of its idle quota the others borrow."""
+    now = now or utcnow()
+    running, gpus, cpu, memory, queued = session.execute(_USED_AND_QUEUED, {"tenant_id": tenant.id}).one()
+    used = UsageAmounts(gpus=gpus, cpu=cpu, memory_bytes=memory, running_jobs=running)
+    nothing = UsageAmounts(gpus=0, cpu=0, memory_bytes=0, running_jobs=0)
+    sharing = _sharing_usage(session, tenant=tenant) if tenant.cohort else None
+    return TenantUsage(cohort=tenant.cohort, used=used.model_dump(), queued_jobs=queued, time=now_rfc3339(now),
+                       borrowed=(sharing.borrowed if sharing else nothing).model_dump(),
+                       lent=(sharing.lent if sharing else nothing).model_dump())
 
 
 def _gpu_hours(session: Executor, *, tenant: Tenant, since: datetime, now: datetime) -> float:
