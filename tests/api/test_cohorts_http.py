@@ -68,3 +68,17 @@ def test_priority_classes_are_the_platforms_and_a_tenant_uses_them_up_to_its_lim
     assert bogus.status_code == 422 and "not one of the platform's classes" in bogus.text
     low = api_client.post("/v1/jobs", json=make_spec("x").with_priority_class("low").build(), headers=bearer(token))
     assert low.status_code == 201 and low.json()["priority"] == -100
+
+
+def test_a_job_bigger_than_its_tenants_quota_runs_by_borrowing_but_never_beyond_the_borrowing_limit(api_client):
+    dispatcher = api_client.app.state.dispatcher
+    token = member(api_client, "lab-d", gpus=1, borrowing_limit={"gpus": 1})
+    member(api_client, "lab-e", gpus=2)  # leaves its 2 GPUs idle
+    two, three = one_gpu_job("two"), one_gpu_job("three")
+    two["resources"]["gpus_per_node"], three["resources"]["gpus_per_node"] = 2, 3
+    refused = api_client.post("/v1/jobs", json=three, headers=bearer(token))
+    assert refused.status_code == 422 and "quota.gpus" in refused.json()["detail"]  # 1 + 1 borrowable < 3
+    job = api_client.post("/v1/jobs", json=two, headers=bearer(token))
+    assert job.status_code == 201, job.text
+    running = wait_state(api_client, token, job.json()["id"], "RUNNING", dispatcher=dispatcher)
+    assert any("borrowing its cohort's idle quota" in e["message"] for e in running["events"])

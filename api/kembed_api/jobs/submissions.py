@@ -24,7 +24,7 @@ from kembed_api.jobs.schemas import JobEventRead, JobRead
 from kembed_api.jobs.transitions import queue_changed
 from kembed_api.storage import PlatformStorage
 from kembed_api.tenants.models import Tenant
-from kembed_api.tenants.service import policy_of, quota_of
+from kembed_api.tenants.service import ceiling_of, policy_of
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec
 from kembed_trainer.storage_policy import StorageDenied, UriError, canonicalize_fields
@@ -301,7 +301,7 @@ def _read_stored(session: Executor, job: Row, *, tenant: Row) -> JobRead:
 
 
 def _check_can_run(spec: JobSpec, *, tenant: Row) -> None:
-    why = never_fits(quota_of(tenant), Demand.of(spec))
+    why = never_fits(ceiling_of(tenant), Demand.of(spec))
     if why:
         raise CannotRun(f"resources: {why}")
     estimate = estimates.memory_per_rank(spec.trainer, world_size=spec.resources.num_processes)

@@ -29,7 +29,7 @@ from kembed_contract.resources import TenantUsage, now_rfc3339
 from kembed_trainer.storage_policy import StoragePolicy
 
 __all__ = [
-    "TenantExists", "TenantNotFound", "create_tenant", "ensure_tenant", "fill_unset_storage", "get_tenant",
+    "TenantExists", "TenantNotFound", "ceiling_of", "create_tenant", "ensure_tenant", "fill_unset_storage", "get_tenant",
     "list_tenants", "policy_of", "quota_of", "quota_spec", "set_quota", "set_sharing",
     "set_storage", "share_of", "sharing_of", "to_read", "usage", "usage_status",
 ]
@@ -52,6 +52,12 @@ def share_of(tenant: Tenant) -> preemption.Share:
     """The tenant's place in admission: its quota is its nominal share; its cohort and borrowing limit."""
     borrowing = QuotaSpec.model_validate(tenant.borrowing_limit) if tenant.borrowing_limit else QuotaSpec()
     return preemption.Share(nominal=quota_of(tenant), cohort=tenant.cohort, borrowing_limit=Quota.of(borrowing.amounts()))
+
+
+def ceiling_of(tenant: Tenant) -> Quota:
+    """The most the tenant may ever hold: its quota, plus its borrowing limit in a cohort (a job up to this big
+    can run, borrowing what it needs beyond the quota)."""
+    return Quota.of(sharing_of(tenant).ceiling(quota_spec(tenant)).amounts())
 
 
 def quota_spec(tenant: Tenant) -> QuotaSpec:
