@@ -82,3 +82,29 @@ def test_a_job_bigger_than_its_tenants_quota_runs_by_borrowing_but_never_beyond_
     assert job.status_code == 201, job.text
     running = wait_state(api_client, token, job.json()["id"], "RUNNING", dispatcher=dispatcher)
     assert any("borrowing its cohort's idle quota" in e["message"] for e in running["events"])
+
+
+def test_a_victim_killed_before_it_saved_resumes_from_its_last_checkpoint_and_the_event_counts_the_lost_steps(
+        api_client, backend):
+    dispatcher = api_client.app.state.dispatcher
+    a, b = member(api_client, "lab-f", gpus=1), member(api_client, "lab-g", gpus=1)
+    jobs = [api_client.post("/v1/jobs", json=one_gpu_job(f"f-{i}"), headers=bearer(a)).json()["id"] for i in range(2)]
+    for job_id in jobs:  # the second one borrows lab-g's idle GPU
+        wait_state(api_client, a, job_id, "RUNNING", dispatcher=dispatcher)
+        launch = next(s for s in backend.started if s.job_id == job_id)
+        for record in ({"event": "checkpoint", "step": 40, "uri": f"file:///ckpt/{job_id}/step-40"},
+                       {"event": "progress", "step": 57, "loss": 0.5}):
+            reported = api_client.post(f"/v1/jobs/{job_id}/reports", json=record, headers=bearer(launch.report_token))
+            assert reported.status_code < 300, reported.text
+    api_client.post("/v1/jobs", json=one_gpu_job("g-own"), headers=bearer(b))  # the lender reclaims its GPU
+    for _ in range(20):
+        dispatcher.run_once()
+        if backend.preempted:
+            break
+    [victim] = backend.preempted
+    # The gang did not save within the grace period: killed, its last complete checkpoint is step 40.
+    backend.finish(victim, succeeded=False, retryable=True, reason="KilledAfterGracePeriod")
+    requeued = wait_state(api_client, a, victim, "QUEUED", dispatcher=dispatcher)
+    event = next(e for e in requeued["events"] if e["reason"] == "Requeued")
+    assert event["message"] == "stopped at step 57; resumes from checkpoint step 40; lost_steps=17"
+    assert requeued["checkpoint_step"] == 40 and requeued["restart_count"] == 0
