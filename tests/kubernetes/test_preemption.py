@@ -1,0 +1,170 @@
+"""Checkpoint-aware preemption on the test control plane, through the API: one team borrows its cohort's idle
+quota, the lender's job arrives and reclaims it; the borrower's gang is suspended (spec.suspend), saves on
+SIGTERM, stops, waits at its place in the queue and resumes from that checkpoint, losing no step. The Tenant
+resources show who borrows and who lends while it happens. Real API (Kubernetes backend), real operator, real
+trainers on the test kubelet's local node, checkpoints in S3 (moto)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+import uuid
+
+import httpx
+import pytest
+
+from kembed_api.app import create_app
+from kembed_api.backends.kubernetes import KubernetesBackend
+from kembed_api.settings import Settings
+from kembed_contract import resources
+from tests.api.conftest import ThreadedServer, bearer
+from tests.builders import make_spec
+from tests.cluster import controlplane
+from tests.cluster.fixture import Cluster, wait_for
+from tests.operator import harness
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+_LOCAL_NODE = {"trainer_node_selector": {controlplane.LOCAL_NODE_LABEL: "true"},
+               "trainer_tolerations": [{"key": controlplane.LOCAL_NODE_TAINT_KEY, "operator": "Exists",
+                                        "effect": "NoSchedule"}]}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def platform(cluster: Cluster) -> Cluster:
+    harness.install_platform(cluster)
+    return cluster
+
+
+@pytest.fixture
+def operator(platform: Cluster, s3_server, tmp_path):
+    process = harness.OperatorProcess(platform, tmp_path, name="preemption-operator", **_LOCAL_NODE,
+                                      s3_endpoint_url=s3_server.endpoint_url, rendezvous_port=_free_port(),
+                                      rendezvous_timeout_s=120).start()
+    yield process
+    process.stop()
+    assert not process.forbidden_lines(), process.forbidden_lines()
+
+
+@pytest.fixture
+def api(platform: Cluster, operator, s3_server, tmp_path):
+    """The API on the Kubernetes backend, with two tenants of one cohort of its own: `lender` (1 CPU, lends it
+    when idle) and `borrower` (1 CPU, may borrow 1 more). Yields (url, {tenant: token headers}, names)."""
+    bucket = s3_server.create_bucket("kembed-test")
+    settings = Settings(data_dir=tmp_path / "api", dispatch_interval_s=0.2, backend="kubernetes",
+                        checkpoint_root=f"{bucket}/preemption-{uuid.uuid4().hex[:6]}")
+    app = create_app(settings, backend=KubernetesBackend(api_client=platform.api_client()))
+    server = ThreadedServer(app)
+    settings.public_url = server.url  # where the trainers report: read when the server starts (its dispatcher)
+    names = {"lender": harness.tenant_name(), "borrower": harness.tenant_name()}
+    cohort = f"c{uuid.uuid4().hex[:8]}"
+    with server:
+        admin = bearer((settings.data_dir / "admin-token").read_text().strip())
+        tokens = {}
+        for role, limit in (("lender", {}), ("borrower", {"cpu": 1})):
+            created = httpx.post(f"{server.url}/v1/tenants", headers=admin, json={
+                "name": names[role], "quota": {"cpu": 1},
+                "sharing": {"cohort": cohort, "borrowing_limit": limit}})
+            assert created.status_code == 201, created.text
+            tokens[role] = bearer(httpx.post(f"{server.url}/v1/tenants/{names[role]}/tokens", headers=admin,
+                                             json={"name": "t", "role": "member"}).json()["token"])
+        try:
+            yield server.url, tokens, names
+        finally:
+            for name in names.values():
+                harness.remove_tenant(platform, name)
+
+
+def _job(name: str, *, cpu: float, steps: int) -> dict:
+    spec = make_spec(name).with_steps(steps, checkpoint_every=0).with_trainer(
+        training={"log_every": 1, "threads": 1}).build()
+    spec["resources"] = {"nodes": 1, "procs_per_node": 1, "gpus_per_node": 0, "cpu_per_node": cpu,
+                         "memory_per_node": "2Gi"}
+    return spec
+
+
+def _wait(url: str, token: dict, job_id: str, done, *, what: str, timeout_s: float = 240) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = httpx.get(f"{url}/v1/jobs/{job_id}", headers=token).json()
+        if done(job):
+            return job
+        assert time.monotonic() < deadline, f"{job_id} never {what}: {job['state']} {job['message']}"
+        time.sleep(0.3)
+
+
+def _printed(table: str) -> dict[str, dict[str, str]]:
+    """kubectl's table, by row name and column header (values start where their header starts)."""
+    header, *rows = table.splitlines()
+    starts = [m.start() for m in re.finditer(r"(?<!\S)\S+(?: \S+)*", header)]
+    names = [header[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+    return {row.split()[0]: {name: row[a:b].strip() for name, a, b in zip(names, starts, [*starts[1:], None],
+                                                                         strict=True)} for row in rows}
+
+
+def _usage(platform: Cluster, tenant: str) -> dict:
+    return (harness.read_tenant(platform, tenant).get("status") or {}).get("usage") or {}
+
+
+def test_a_borrowers_gang_saves_gives_the_lender_its_quota_back_and_resumes_without_losing_a_step(platform, api):
+    url, tokens, names = api
+    victim = httpx.post(f"{url}/v1/jobs", headers=tokens["borrower"], json=_job("victim", cpu=2, steps=400))
+    assert victim.status_code == 201, victim.text
+    victim = victim.json()
+    running = _wait(url, tokens["borrower"], victim["id"], lambda j: j["state"] == "RUNNING"
+                    and j["progress"]["step"] >= 20, what="ran 20 steps")
+    assert any("borrowing its cohort's idle quota" in e["message"] for e in running["events"])
+    # The Tenant resources say who borrows from whom (status.usage, written by the API).
+    wait_for(lambda: _usage(platform, names["borrower"]).get("borrowed", {}).get("cpu") == 1
+             and _usage(platform, names["lender"]).get("lent", {}).get("cpu") == 1,
+             timeout_s=30, interval_s=0.5, what="the borrowing shown in the Tenant resources")
+    shown = _printed(platform.kubectl("get", "tenants", names["borrower"], names["lender"], "-o", "wide").stdout)
+    assert (shown[names["borrower"]]["USED CPU"], shown[names["borrower"]]["BORROWED CPU"],
+            shown[names["borrower"]]["LENT CPU"]) == ("2", "1", "0"), shown
+    assert (shown[names["lender"]]["USED CPU"], shown[names["lender"]]["LENT CPU"]) == ("0", "1"), shown
+    assert shown[names["lender"]]["COHORT"] == shown[names["borrower"]]["COHORT"] != "<none>"
+
+    lender_job = httpx.post(f"{url}/v1/jobs", headers=tokens["lender"], json=_job("reclaim", cpu=1, steps=20))
+    assert lender_job.status_code == 201, lender_job.text
+    lender_job = lender_job.json()
+    namespace = resources.tenant_namespace(names["borrower"])
+    _wait(url, tokens["borrower"], victim["id"], lambda j: j["state"] in ("PREEMPTED", "QUEUED"),
+          what="preempted", timeout_s=60)
+    assert harness.read_job(platform, namespace, victim["id"])["spec"]["suspend"] is True  # asked to save first
+    finished = _wait(url, tokens["lender"], lender_job["id"], lambda j: j["state"] in ("SUCCEEDED", "FAILED"),
+                     what="finished")
+    assert finished["state"] == "SUCCEEDED", finished["message"]
+    done = _wait(url, tokens["borrower"], victim["id"], lambda j: j["state"] in ("SUCCEEDED", "FAILED"),
+                 what="finished", timeout_s=400)
+    assert done["state"] == "SUCCEEDED", done["message"]
+
+    events = [(e["state"], e["reason"], e["message"]) for e in done["events"]]
+    preempted = [e for e in events if e[0] == "PREEMPTED"]
+    assert len(preempted) == 1 and preempted[0][1] == "ReclaimedByLender" and lender_job["id"] in preempted[0][2]
+    requeued = next(e for e in events if e[1] == "Requeued")
+    assert re.search(r"lost_steps=0\b", requeued[2]), requeued  # it saved on SIGTERM within the grace period
+    stopped_at = int(re.search(r"stopped at step (\d+)", requeued[2]).group(1))
+    assert 20 <= stopped_at < 400
+    reasons = [e[1] for e in events]
+    assert reasons.index("ReclaimedByLender") < reasons.index("Requeued") < reasons.index("Resumed")
+    assert reasons[-1] == "Completed" and done["restart_count"] == 0  # a preemption is not a failure
+    # The cluster saw it too: the gang was suspended (PREEMPTED) and the same job ran again.
+    cluster_reasons = {e.reason for e in harness.events_of(platform, namespace, victim["id"])}
+    assert "Suspended" in cluster_reasons, cluster_reasons
+    # Every step was trained once: the resumed run went on from the step the checkpoint was saved at.
+    records = httpx.get(f"{url}/v1/jobs/{victim['id']}/metrics", headers=tokens["borrower"],
+                        params={"event": "progress", "limit": 5000}).json()
+    losses: dict[int, float] = {}
+    for record in records:
+        assert losses.setdefault(record["step"], record["values"]["loss"]) == record["values"]["loss"]
+    assert sorted(losses) == list(range(1, 401))
+    started = httpx.get(f"{url}/v1/jobs/{victim['id']}/metrics", headers=tokens["borrower"],
+                        params={"event": "started"}).json()
+    assert [r["step"] for r in started] == [0, stopped_at]  # resumed where it stopped: its SIGTERM checkpoint
