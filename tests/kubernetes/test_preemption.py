@@ -146,8 +146,9 @@ def test_a_borrowers_gang_saves_gives_the_lender_its_quota_back_and_resumes_with
     assert done["state"] == "SUCCEEDED", done["message"]
 
     events = [(e["state"], e["reason"], e["message"]) for e in done["events"]]
-    preempted = [e for e in events if e[0] == "PREEMPTED"]
-    assert len(preempted) == 1 and preempted[0][1] == "ReclaimedByLender" and lender_job["id"] in preempted[0][2]
+    preempted = [e for e in events if e[0] == "PREEMPTED"]  # the API's decision, then what the operator saw
+    assert preempted[0][1] == "ReclaimedByLender" and lender_job["id"] in preempted[0][2], preempted
+    assert [e[1] for e in events].count("ReclaimedByLender") == 1  # preempted once
     requeued = next(e for e in events if e[1] == "Requeued")
     assert re.search(r"lost_steps=0\b", requeued[2]), requeued  # it saved on SIGTERM within the grace period
     stopped_at = int(re.search(r"stopped at step (\d+)", requeued[2]).group(1))
@@ -155,9 +156,10 @@ def test_a_borrowers_gang_saves_gives_the_lender_its_quota_back_and_resumes_with
     reasons = [e[1] for e in events]
     assert reasons.index("ReclaimedByLender") < reasons.index("Requeued") < reasons.index("Resumed")
     assert reasons[-1] == "Completed" and done["restart_count"] == 0  # a preemption is not a failure
-    # The cluster saw it too: the gang was suspended (PREEMPTED) and the same job ran again.
+    # The cluster saw it too: the EmbeddingJob was suspended (PREEMPTED, or at once QUEUED once its pods had
+    # stopped: the operator may write only the latter) and the same job ran again.
     cluster_reasons = {e.reason for e in harness.events_of(platform, namespace, victim["id"])}
-    assert "Suspended" in cluster_reasons, cluster_reasons
+    assert cluster_reasons & {"Suspended", "Stopped"}, cluster_reasons
     # Every step was trained once: the resumed run went on from the step the checkpoint was saved at.
     records = httpx.get(f"{url}/v1/jobs/{victim['id']}/metrics", headers=tokens["borrower"],
                         params={"event": "progress", "limit": 5000}).json()
