@@ -93,17 +93,6 @@ def test_records_have_the_contract_fields(tmp_path, ckpt_uri):
     assert os.path.exists(f"{ckpt_uri.removeprefix('file://')}/step-30/COMPLETE")
 
 
-def test_two_ranks_with_gloo_complete(tmp_path, ckpt_uri):
-    path = write_config(
-        tmp_path / "c.yaml", tiny_config(checkpoint={"uri": ckpt_uri}, training={"steps": 30})
-    )
-    code, recs, stderr = run_trainer(path, nproc=2)
-    assert code == 0, stderr
-    assert recs[0]["world_size"] == 2
-    assert [r["event"] for r in recs].count("started") == 1  # only rank 0 reports
-    assert recs[-1]["event"] == "done" and recs[-1]["eval"]["auc"] > 0.6
-
-
 def test_sigterm_checkpoints_and_the_rerun_resumes(tmp_path, ckpt_uri):
     path = write_config(
         tmp_path / "c.yaml",
@@ -138,4 +127,6 @@ def test_compressed_gradients_still_learn(tmp_path, ckpt_uri, compression):
     )
     code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg), nproc=2)
     assert code == 0, stderr
-    assert recs[-1]["eval"]["auc"] > 0.6
+    assert recs[0]["world_size"] == 2
+    assert [r["event"] for r in recs].count("started") == 1  # only rank 0 reports
+    assert recs[-1]["event"] == "done" and recs[-1]["eval"]["auc"] > 0.6
