@@ -1,8 +1,9 @@
 """The dashboard in a real browser: Debian's Chromium driven by Playwright, against a real `kembed serve`.
 
-Each signed-in user gets a browser of its own with a fresh profile (user-data-dir), so sessions never leak from
-one test user to another. `KEMBED_SCREENSHOTS=<folder>` makes the tests save a PNG of each page there (the
-ones in docs/img/ were made with `KEMBED_SCREENSHOTS=docs/img`).
+Each signed-in user gets a browser context of its own (cookies, storage and cache of its own, as a fresh profile
+would have) in one Chromium for the run, so sessions never leak from one test user to another.
+`KEMBED_SCREENSHOTS=<folder>` makes the tests save a PNG of each page there (the ones in docs/img/ were made with
+`KEMBED_SCREENSHOTS=docs/img`).
 """
 
 from __future__ import annotations
@@ -90,19 +91,25 @@ def playwright_instance():
         yield playwright
 
 
+@pytest.fixture(scope="session")
+def chromium(playwright_instance):
+    """One Chromium process for the run: starting one takes seconds, and each user gets a context of its own."""
+    browser = playwright_instance.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+    yield browser
+    browser.close()
+
+
 @pytest.fixture
-def open_browser(playwright_instance, tmp_path):
-    """open_browser() -> a page in a fresh Chromium profile; closed at the end of the test."""
+def open_browser(chromium):
+    """open_browser() -> a page in a new browser context (cookies, storage and cache of its own, like a fresh
+    profile); closed at the end of the test."""
     contexts = []
 
     def open_one():
-        profile = tmp_path / f"profile-{len(contexts)}"
-        context = playwright_instance.chromium.launch_persistent_context(
-            str(profile), executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
-            viewport={"width": 1200, "height": 900})
+        context = chromium.new_context(viewport={"width": 1200, "height": 900})
         context.set_default_timeout(20_000)
         contexts.append(context)
-        return context.pages[0] if context.pages else context.new_page()
+        return context.new_page()
 
     yield open_one
     for context in contexts:
