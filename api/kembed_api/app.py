@@ -30,6 +30,7 @@ from kembed_api.settings import Settings
 from kembed_api.storage import PlatformStorage
 from kembed_api.tenants import router as tenants_router
 from kembed_api.tenants.service import ensure_tenant, fill_unset_storage
+from kembed_contract.tenant_credentials import TenantCredentials
 
 __all__ = ["ADMIN_TOKEN_FILE", "create_app"]
 
@@ -46,8 +47,12 @@ def platform_storage(settings: Settings) -> PlatformStorage:
 
 def _make_backend(settings: Settings) -> Backend:
     if settings.backend is BackendKind.local:
+        credentials = None
+        if settings.s3_mint_credentials:
+            credentials = TenantCredentials.connect(endpoint_url=settings.s3_iam_endpoint_url,
+                                                    user_prefix=settings.s3_iam_user_prefix)
         return LocalBackend(data_dir=settings.data_dir, slots=settings.local_slots, sandbox=settings.trainer_sandbox,
-                            stop_grace_s=settings.stop_grace_s)
+                            stop_grace_s=settings.stop_grace_s, credentials=credentials)
     from kembed_api.backends.kubernetes import (
         KubernetesBackend,  # imports the kubernetes client only when used
     )

@@ -66,6 +66,20 @@ class Settings(BaseSettings):
         description="URI prefixes a new tenant's jobs may write (and read): checkpoints and exports outside "
         "their own checkpoint folder. JSON list in the environment.",
     )
+    s3_mint_credentials: bool = Field(
+        False,
+        description="Mint per-tenant S3 credentials for the local backend's trainers (docs/security.md): each "
+        "tenant gets an IAM user allowed only its storage policy's S3 prefixes, and its trainers get that user's "
+        "key instead of this server's AWS credentials, which mint it. Needs s3:// storage and IAM rights; off for "
+        "the file:// default. (On Kubernetes the operator mints: KEMBED_OPERATOR_S3_MINT_CREDENTIALS.)",
+    )
+    s3_iam_endpoint_url: str | None = Field(
+        None, description="IAM endpoint for minting (an S3-compatible server's IAM, a test server); unset = AWS IAM."
+    )
+    s3_iam_user_prefix: str = Field(
+        "kembed-", description="Minted IAM users are named <prefix><tenant>: one prefix per installation sharing "
+        "an AWS account."
+    )
     trainer_sandbox: Literal["auto", "landlock", "off"] = Field(
         "auto",
         description="The local backend's kernel sandbox for trainers (docs/security.md): landlock = every trainer "

@@ -29,6 +29,7 @@ from kembed_contract import lifecycle
 from kembed_contract.quota import QuotaSpec, SharingSpec
 from kembed_contract.resources import TenantUsage
 from kembed_contract.spec import JobSpec
+from kembed_contract.tenant_credentials import S3Credentials, TenantCredentials, trainer_environ
 from kembed_trainer import runtime
 from kembed_trainer import sandbox as landlock
 from kembed_trainer.storage_policy import POLICY_ENV, StoragePolicy
@@ -89,10 +90,12 @@ def _signal_group(pid: int, sig: int) -> None:
 
 class LocalBackend:
     def __init__(self, *, data_dir: Path, slots: int, stop_grace_s: float = 60.0,
-                 memory_bytes: int | None = None, cpus: int | None = None, sandbox: str = "auto") -> None:
+                 memory_bytes: int | None = None, cpus: int | None = None, sandbox: str = "auto",
+                 credentials: TenantCredentials | None = None) -> None:
         """`memory_bytes`, `cpus`: what this machine offers its trainers (measured when not given). `sandbox`:
         auto, landlock or off (Settings.trainer_sandbox); raises RuntimeError for landlock without a kernel that
-        has it."""
+        has it. `credentials`: mint each tenant's own S3 key for its trainers (Settings.s3_mint_credentials);
+        None = trainers use this server's AWS credentials, as a single-team installation does."""
         self.landlock = sandbox != "off" and landlock.abi_version() > 0
         if sandbox == "landlock" and not self.landlock:
             raise RuntimeError("KEMBED_TRAINER_SANDBOX=landlock, but this kernel has no Landlock (Linux 5.13+)")
@@ -106,6 +109,10 @@ class LocalBackend:
         self.stop_grace_s = stop_grace_s
         self._gangs: dict[str, _Gang] = {}
         self._lock = threading.Lock()
+        self.credentials = credentials
+        # Each tenant's minted key, in memory only (never on disk, where a bug could let a trainer read another
+        # tenant's): after a restart the next launch mints a fresh one, and the old key is deleted in IAM.
+        self._keys: dict[str, S3Credentials] = {}
 
     # ------------------------------------------------------------------------------------------- admission
     def check_fits(self, spec: JobSpec) -> None:
@@ -140,7 +147,18 @@ class LocalBackend:
 
     def sync_tenant(self, name: str, quota: QuotaSpec, sharing: SharingSpec,
                     policy: StoragePolicy | None = None) -> None:
-        pass  # tenants need nothing on this machine
+        """Only with minted credentials: the tenant's IAM policy follows its storage policy."""
+        if self.credentials is not None and policy is not None:
+            self._tenant_key(name, policy)
+
+    def _tenant_key(self, tenant: str, policy: StoragePolicy) -> S3Credentials:
+        with self._lock:
+            held = self._keys.get(tenant)
+        new = self.credentials.ensure(tenant, policy, current=held.access_key_id if held else None)
+        with self._lock:
+            if new is not None:
+                self._keys[tenant] = new
+            return self._keys[tenant]
 
     def show_usage(self, name: str, usage: TenantUsage) -> None:
         pass
@@ -176,6 +194,10 @@ class LocalBackend:
         }
         if launch.storage_policy is not None:
             env[POLICY_ENV] = launch.storage_policy.to_json()
+        if self.credentials is not None:
+            # Fail closed: with minting on, a job without a policy would get no key, never the platform's.
+            policy = launch.storage_policy or StoragePolicy()
+            env = trainer_environ(env, self._tenant_key(launch.tenant, policy))
         sandboxed: list[str] = []
         if self.landlock:
             scratch = job_dir / "tmp"  # the trainers' temporary files and numba's cache: their own, per job
