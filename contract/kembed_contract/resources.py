@@ -22,6 +22,8 @@ Tenant (cluster-scoped, ``kubectl get tenants``)
                     ``<prefix>/<job>/``) and credentials_secret (a Secret in the operator's namespace whose keys,
                     e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, are copied into the tenant's namespace as
                     Secret ``kembed-s3`` and given to trainers as environment variables; unset = the platform's).
+                    Where the operator mints credentials (its setting s3_mint_credentials) kembed-s3 holds the
+                    tenant's own IAM key instead, and credentials_rotation (any new value) rotates it.
     spec.storage    the tenant's storage policy (docs/security.md): read and write URI prefixes, and deny, places
                     never reachable even inside them (the API's checkpoint root). ``spec.s3.prefix`` is the
                     tenant's own folder, always reachable; every other Tenant's prefix is denied. The operator
@@ -30,6 +32,7 @@ Tenant (cluster-scoped, ``kubectl get tenants``)
                     usage (the API, which decides admission and borrowing): what its jobs hold now (used), and in
                     a cohort what of it is borrowed from the cohort and what of its idle quota the others borrow
                     (lent), per dimension, and its queued jobs. ``kubectl get tenants`` shows them.
+                    Where the operator mints credentials: s3AccessKeyId / s3CredentialsRotation (the minted key's id).
     Deleting a Tenant is refused (it stays Terminating, condition ``Deleting`` False, reason JobsStillRunning)
     while it has EmbeddingJobs that are not finished; once none are, its namespace and everything in it go.
 
@@ -151,7 +154,12 @@ class TenantS3(BaseModel):
     credentials_secret: str | None = Field(
         None,
         description="Secret in the operator's namespace copied into the tenant's namespace as kembed-s3 "
-        "(unset: the platform's default Secret, if any).",
+        "(unset: the platform's default Secret, if any). Ignored where the operator mints credentials.",
+    )
+    credentials_rotation: str | None = Field(
+        None, max_length=63,
+        description="Where the operator mints credentials: a new value here rotates the tenant's key (the previous "
+        "one stays valid until the next rotation, so running trainers finish), e.g. a date.",
     )
 
 
@@ -226,6 +234,11 @@ class TenantStatus(_Status):
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
     usage: TenantUsage | None = Field(None, description="Written by the API: use against quota, borrowed, lent.")
+    s3_access_key_id: str | None = Field(
+        None, description="Where the operator mints credentials: the id (not the secret) of the key in the tenant's "
+        "Secret kembed-s3, so it knows the key without reading Secrets.")
+    s3_credentials_rotation: str | None = Field(
+        None, description="The spec.s3.credentials_rotation that key was minted for.")
 
 
 def tenant_manifest(name: str, spec: TenantSpec, *, labels: dict[str, str] | None = None) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["OperatorSettings"]
@@ -73,6 +73,20 @@ class OperatorSettings(BaseSettings):
     s3_credentials_secret: str | None = Field(
         None, description="Default Secret (in `namespace`) copied to tenants whose spec names none."
     )
+    s3_mint_credentials: bool = Field(
+        False,
+        description="Mint each tenant's own S3 key (docs/security.md): an IAM user allowed only the tenant's storage "
+        "policy, its key in Secret kembed-s3 of the tenant's namespace, instead of copying a credentials Secret. "
+        "The operator mints with its own AWS credentials (environment or workload identity), which never reach a "
+        "trainer.",
+    )
+    s3_iam_endpoint_url: str | None = Field(
+        None, description="IAM endpoint for minting (an S3-compatible store's IAM, a test server); unset = AWS IAM."
+    )
+    s3_iam_user_prefix: str = Field(
+        "kembed-", description="Minted IAM users are named <prefix><tenant>: one prefix per installation sharing an "
+        "AWS account."
+    )
     s3_endpoint_url: str | None = Field(
         None, description="AWS_ENDPOINT_URL given to trainers (MinIO, Ceph, a test server); unset = AWS."
     )
@@ -119,3 +133,11 @@ class OperatorSettings(BaseSettings):
     tenant_default_memory_request: str = Field(
         "256Mi", description="LimitRange default memory request per container."
     )
+
+    @model_validator(mode="after")
+    def _minted_keys_alone(self) -> OperatorSettings:
+        if self.s3_mint_credentials and self.trainer_service_account_annotations:
+            raise ValueError("s3_mint_credentials: trainers get their tenant's minted key, so their ServiceAccount "
+                             "must carry no workload identity (trainer_service_account_annotations would give every "
+                             "tenant's trainers the same role)")
+        return self

@@ -10,6 +10,7 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from kembed_contract import resources
+from kembed_contract.tenant_credentials import TenantCredentials
 from kembed_operator import diffbase
 from kembed_operator.kube import Kube, is_conflict
 from kembed_operator.observed import Observed
@@ -25,6 +26,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
     memo.settings = ours
     memo.kube = Kube(workers=ours.api_workers)
     memo.observed = Observed()
+    memo.credentials = (TenantCredentials.connect(endpoint_url=ours.s3_iam_endpoint_url,
+                                                  user_prefix=ours.s3_iam_user_prefix)
+                        if ours.s3_mint_credentials else None)
 
     # Kopf keeps its bookkeeping in annotations under our prefix: our status schemas prune unknown fields.
     settings.persistence.finalizer = resources.OPERATOR_FINALIZER

@@ -1,5 +1,9 @@
 """Kopf handlers for Tenant: its namespace with quota, defaults, isolation, trainer identity and S3 credentials.
 
+The operator owns the tenant's runtime identity: it reconciles every Tenant (also one applied by hand or GitOps,
+without the API), retries until it holds, and runs the deletion. So it is the one that mints the tenant's S3
+credentials on Kubernetes (docs/security.md).
+
 Every step is a server-side apply, so a handler run twice (a retry, a take-over by the other replica) changes
 nothing the second time, and a quota edit reaches the ResourceQuota in place.
 """
@@ -11,10 +15,12 @@ from typing import Any
 
 import kopf
 import pydantic
+from botocore.exceptions import BotoCoreError, ClientError
 
 from kembed_contract import resources
 from kembed_contract.lifecycle import TERMINAL_STATES
 from kembed_contract.quota import QuotaSpec, cpu_quantity
+from kembed_contract.tenant_credentials import TenantCredentials
 from kembed_operator import tenant_manifests
 from kembed_operator.conditions import set_condition
 from kembed_operator.kube import Kube
@@ -42,7 +48,7 @@ def _status(kube: Kube, name: str, status: kopf.Status, generation: int, *, phas
 @kopf.on.create(*TENANTS)
 @kopf.on.update(*TENANTS, field="spec")
 def reconcile_tenant(name: str, uid: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, memo: kopf.Memo,
-                     body: kopf.Body, **_: Any) -> None:
+                     body: kopf.Body, tenant_s3_prefixes: kopf.Index, **_: Any) -> None:
     kube: Kube = memo.kube
     settings: OperatorSettings = memo.settings
     generation = int(meta.get("generation") or 0)
@@ -61,7 +67,9 @@ def reconcile_tenant(name: str, uid: str, spec: kopf.Spec, status: kopf.Status, 
         kube.apply(manifest)
 
     source_name = (tenant.s3.credentials_secret if tenant.s3 else None) or settings.s3_credentials_secret
-    if source_name:
+    if memo.credentials is not None:
+        _mint_credentials(kube, memo.credentials, name, tenant, tenant_s3_prefixes, status, generation, body)
+    elif source_name:
         source = kube.read_secret(source_name, settings.namespace)
         if source is None:
             message = f"S3 credentials Secret {settings.namespace}/{source_name} not found"
@@ -81,6 +89,44 @@ def _describe(quota: QuotaSpec) -> str:
     return ", ".join(s for s in shown if s) or "unlimited"
 
 
+def _mint_credentials(kube: Kube, minter: TenantCredentials, name: str, tenant: resources.TenantSpec,
+                      tenant_s3_prefixes: kopf.Index, status: kopf.Status, generation: int, body: kopf.Body) -> None:
+    """The tenant's IAM user follows its storage policy; its Secret kembed-s3 holds its own key (minted if it has
+    none or the one it has is gone, rotated when spec.s3.credentials_rotation changes). Secrets are never logged."""
+    others = [p for other, prefixes in tenant_s3_prefixes.items() if other != name for p in prefixes if p]
+    rotation = tenant.s3.credentials_rotation if tenant.s3 else None
+    try:
+        policy = resources.tenant_storage_policy(tenant, other_prefixes=others)
+        # The key's id is kept in the Tenant's status: the operator may write Secrets in tenant namespaces, never
+        # read them.
+        current, minted_for = status.get("s3AccessKeyId"), status.get("s3CredentialsRotation")
+        new = minter.ensure(name, policy, current=current)
+        if new is None and minted_for != rotation:
+            new = minter.rotate(name, current=current)
+    except ValueError as error:  # a policy IAM cannot express: retrying changes nothing until the spec does
+        message = f"S3 credentials: {error}"
+        _status(kube, name, status, generation, phase="Failed", ready=False, reason="S3PolicyInexpressible",
+                message=message)
+        kopf.warn(body, reason="S3PolicyInexpressible", message=message[:1000])
+        raise kopf.PermanentError(message) from None
+    except (BotoCoreError, ClientError) as error:
+        message = f"minting S3 credentials failed: {_aws_error(error)}"
+        _status(kube, name, status, generation, phase="Failed", ready=False, reason="S3MintFailed", message=message)
+        kopf.warn(body, reason="S3MintFailed", message=message)
+        raise kopf.TemporaryError(message, delay=30) from None
+    if new is not None:
+        kube.apply(tenant_manifests.minted_s3_secret(name, new, rotation=rotation))
+        kube.patch_custom_status(resources.TENANT_PLURAL, name, None, {
+            "s3AccessKeyId": new.access_key_id, "s3CredentialsRotation": rotation})
+
+
+def _aws_error(error: Exception) -> str:
+    """The error's code and operation, never a request's parameters (they could hold a key)."""
+    if isinstance(error, ClientError):
+        return f"{error.operation_name}: {error.response.get('Error', {}).get('Code', 'unknown')}"
+    return type(error).__name__
+
+
 @kopf.on.delete(*TENANTS)
 def delete_tenant(name: str, status: kopf.Status, meta: kopf.Meta, memo: kopf.Memo, body: kopf.Body,
                   **_: Any) -> None:
@@ -96,4 +142,9 @@ def delete_tenant(name: str, status: kopf.Status, meta: kopf.Meta, memo: kopf.Me
                 reason="JobsStillRunning", message=message)
         kopf.warn(body, reason="JobsStillRunning", message=message)
         raise kopf.TemporaryError(message, delay=memo.settings.tenant_delete_retry_s)
+    if memo.credentials is not None:
+        try:
+            memo.credentials.remove(name)  # its keys first: from here on nothing holds a working one
+        except (BotoCoreError, ClientError) as error:
+            raise kopf.TemporaryError(f"deleting the tenant's IAM user failed: {_aws_error(error)}", delay=30) from None
     kube.delete("v1", "Namespace", namespace)

@@ -7,12 +7,18 @@ from typing import Any
 
 from kembed_contract import resources
 from kembed_contract.quota import cpu_quantity
+from kembed_contract.tenant_credentials import S3Credentials
 from kembed_operator.job_manifests import S3_SECRET, TENANT_LABEL
 from kembed_operator.settings import OperatorSettings
 
-__all__ = ["limit_range", "namespace", "network_policy", "quota", "s3_secret", "trainer_service_account"]
+__all__ = ["MINTED_KEY_ANNOTATION", "ROTATION_ANNOTATION", "limit_range", "minted_s3_secret", "namespace",
+           "network_policy", "quota", "s3_secret", "trainer_service_account"]
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kembed-operator"}
+# On a minted kembed-s3 Secret: that its key is the tenant's own (not a copy of the platform's), and the
+# spec.s3.credentials_rotation it was minted for (a new value there rotates the key).
+MINTED_KEY_ANNOTATION = "kembed.io/minted-s3-key"
+ROTATION_ANNOTATION = "kembed.io/credentials-rotation"
 
 
 def _owner(tenant: str, uid: str) -> dict[str, Any]:
@@ -87,3 +93,10 @@ def s3_secret(tenant: str, source: dict[str, Any]) -> dict[str, Any]:
         data[key] = base64.b64encode(value.encode()).decode()
     return {"apiVersion": "v1", "kind": "Secret", "metadata": _meta(S3_SECRET, tenant), "type": "Opaque",
             "data": data}
+
+
+def minted_s3_secret(tenant: str, credentials: S3Credentials, *, rotation: str | None) -> dict[str, Any]:
+    """The tenant's own minted key, which the trainers get as environment variables (job_manifests)."""
+    meta = _meta(S3_SECRET, tenant, annotations={MINTED_KEY_ANNOTATION: "true", ROTATION_ANNOTATION: rotation or ""})
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in credentials.environ().items()}}
