@@ -138,3 +138,21 @@ def test_without_a_policy_a_trainer_run_by_hand_is_not_limited(tmp_path):
                           text=True, timeout=180, env=trainer_env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert Path(tmp_path / "ckpt" / "step-2" / "COMPLETE").exists()
+
+
+@pytest.mark.parametrize("target", [
+    pytest.param("{data}/admin-token", id="admin-token"),
+    pytest.param("{a}/job-a/step-20/.metadata", id="other-tenant-checkpoint"),
+])
+def test_word2vec_analogies_are_opened_through_the_policy(layout, target):
+    """A link planted in an allowed folder after the job was checked: the analogies file is refused when it is
+    opened, like every other file (it was opened with plain fsspec before)."""
+    from kembed_trainer.storage import Guard
+    from kembed_trainer.storage_policy import StorageDenied
+    from kembed_trainer.word_eval import WordEval
+
+    link = layout.datasets / "analogies.txt"
+    link.symlink_to(target.format(data=layout.data_dir, a=layout.folder("a")))
+    with pytest.raises(StorageDenied, match="evaluation.analogies_uri") as refused:
+        WordEval(["king", "queen"], neighbours_of=[], k=1, analogies_uri=str(link), guard=Guard(layout.policy("b")))
+    assert SECRET not in str(refused.value)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kembed_trainer import best, config, metrics, word_eval
+from kembed_trainer.storage import Guard
 from tests.trainer.conftest import run_trainer, tiny_config, write_config
 
 
@@ -59,7 +60,8 @@ def test_analogies_and_neighbours_from_word_vectors(tmp_path: pathlib.Path):
     vocab = ["king", "queen", "man", "woman", "apple", "pear"]
     vectors = torch.tensor([[1.0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 0.1], [0, 0, 1, 0.1], [0, 0, 0, 1], [0, 0, 0.1, 1]])
     (tmp_path / "q.txt").write_text(": family\nman woman king queen\nman king woman queen\nman dog king cat\n")
-    checks = word_eval.WordEval(vocab, neighbours_of=["apple", "nope"], k=1, analogies_uri=str(tmp_path / "q.txt"))
+    checks = word_eval.WordEval(vocab, neighbours_of=["apple", "nope"], k=1, analogies_uri=str(tmp_path / "q.txt"),
+                                guard=Guard(None))
     out = checks(vectors)
     assert out["neighbours"] == {"apple": ["pear"]}
     assert out["analogy_questions"] == 2 and out["analogy_accuracy"] == 1.0

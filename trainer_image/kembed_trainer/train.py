@@ -65,7 +65,7 @@ class Trainer:
         evaluation = cfg.evaluation
         self.word_eval = (
             word_eval.WordEval(self.data.vocab, neighbours_of=evaluation.neighbours_of, k=evaluation.neighbours_k,
-                               analogies_uri=evaluation.analogies_uri)
+                               analogies_uri=evaluation.analogies_uri, guard=guard)
             if cfg.model.kind == "word2vec" else None
         )
         self.masks = sparsity.Masks(cfg.sparsity, dense, seed=cfg.training.seed)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import fsspec
 import torch
 import torch.nn.functional as F
+
+from kembed_trainer.storage import Guard
 
 __all__ = ["WordEval"]
 
@@ -12,7 +13,9 @@ _QUESTION_CHUNK = 1024
 
 
 class WordEval:
-    def __init__(self, vocab: list[str], *, neighbours_of: list[str], k: int, analogies_uri: str | None) -> None:
+    def __init__(self, vocab: list[str], *, neighbours_of: list[str], k: int, analogies_uri: str | None,
+                 guard: Guard) -> None:
+        """`guard`: the storage policy's door, through which the analogies file is opened like every other file."""
         self.vocab, self.k = vocab, k
         index = {w: i for i, w in enumerate(vocab)}
         self.queries = [(w, index[w]) for w in neighbours_of if w in index]
@@ -20,7 +23,7 @@ class WordEval:
         self.num_questions = 0
         if analogies_uri:
             rows = []
-            with fsspec.open(analogies_uri, "r", encoding="utf-8") as f:
+            with guard.open(analogies_uri, "r", where="evaluation.analogies_uri", encoding="utf-8") as f:
                 for line in f:
                     words = line.split()
                     if len(words) != 4 or line.startswith(":"):
