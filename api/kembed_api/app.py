@@ -20,11 +20,12 @@ from kembed_api.backends.local import LocalBackend
 from kembed_api.dashboard import pages as dashboard_pages
 from kembed_api.dashboard import router as dashboard_router
 from kembed_api.db import Database, upgrade_to_head
+from kembed_api.deps import MetricsCaller, MetricsView
 from kembed_api.dispatcher import Dispatcher
 from kembed_api.jobs import router as jobs_router
 from kembed_api.jobs.forecasts import Forecasts
 from kembed_api.jobs.intake import Intake
-from kembed_api.observability import Metrics, configure_json_logging
+from kembed_api.observability import Metrics, TenantTotals, configure_json_logging
 from kembed_api.settings import Backend as BackendKind
 from kembed_api.settings import Settings
 from kembed_api.storage import PlatformStorage
@@ -152,8 +153,12 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
         return {"status": "ok"}
 
     @app.get("/metrics", tags=["operations"], summary="Prometheus metrics", response_class=Response,
-             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
-    def metrics(request: Request) -> Response:
-        return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {}},
+                              "description": "Per tenant for the scrape token or a platform admin; else totals."},
+                        **errors.responses(401, 403)})
+    def metrics(request: Request, view: MetricsCaller) -> Response:
+        registry = request.app.state.metrics.registry
+        shown = registry if view is MetricsView.PER_TENANT else TenantTotals(registry)
+        return Response(generate_latest(shown), media_type=CONTENT_TYPE_LATEST)
 
     return app

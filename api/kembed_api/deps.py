@@ -9,6 +9,8 @@ a teardown would wait for a free worker thread while every worker waits for the 
 
 from __future__ import annotations
 
+import enum
+import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,7 +28,8 @@ from kembed_api.jobs.forecasts import Forecasts
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import ensure_tenant
 
-__all__ = ["Admin", "Db", "Principal", "QueueForecasts", "Reader", "Submitter", "TokenManager", "session_principal"]
+__all__ = ["Admin", "Db", "MetricsCaller", "MetricsView", "Principal", "QueueForecasts", "Reader", "Submitter", "TokenManager",
+           "session_principal"]
 
 _bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer kmb_...`")
 
@@ -81,6 +84,41 @@ async def _principal(
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token",
                             headers={"WWW-Authenticate": "Bearer"})
     return principal
+
+
+class MetricsView(enum.Enum):
+    PER_TENANT = "per-tenant"  # the scrape token or a platform admin: every series with its tenant label
+    TOTALS = "totals"  # anonymous, with no scrape token configured: sums over tenants, no tenant named
+
+
+async def _metrics_view(request: Request) -> MetricsView:
+    """What /metrics shows this caller; 401 for a wrong token, and for no token once a scrape token is set.
+
+    The header is read here rather than through the bearer scheme, so the OpenAPI document does not claim that
+    /metrics needs a token: without a scrape token it does not."""
+    settings = request.app.state.settings
+    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
+    credentials = (HTTPAuthorizationCredentials(scheme=scheme, credentials=secret.strip())
+                   if scheme.lower() == "bearer" and secret.strip() else None)
+    if not settings.auth:
+        return MetricsView.PER_TENANT
+    expected = settings.metrics_token
+    if credentials is None:
+        if expected is None:
+            return MetricsView.TOTALS
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing token: send `Authorization: Bearer <token>`",
+                            headers={"WWW-Authenticate": "Bearer"})
+    if expected is not None and hmac.compare_digest(credentials.credentials.encode(),
+                                                    expected.get_secret_value().encode()):
+        return MetricsView.PER_TENANT
+    principal = await _principal(request, credentials)  # 401 for a wrong token
+    if principal.role is not Role.PLATFORM_ADMIN:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "per-tenant metrics are for the platform's monitoring: "
+                            "the scrape token or a platform-admin token")
+    return MetricsView.PER_TENANT
+
+
+MetricsCaller = Annotated[MetricsView, Depends(_metrics_view)]
 
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
@@ -24,7 +24,7 @@ from kembed_api.jobs.models import Job
 from kembed_api.tenants.models import Tenant
 from kembed_contract.lifecycle import ACTIVE_STATES, JobState
 
-__all__ = ["Metrics", "configure_json_logging"]
+__all__ = ["Metrics", "TenantTotals", "configure_json_logging"]
 
 _ACTIVE = [s.value for s in ACTIVE_STATES]
 
@@ -83,6 +83,25 @@ class Metrics:
 
     def observe_admission(self, *, tenant: str, created_at: datetime, admitted_at: datetime) -> None:
         self.admission_wait.labels(tenant=tenant).observe(max(0.0, (admitted_at - created_at).total_seconds()))
+
+
+class TenantTotals:
+    """A registry's metrics summed over the `tenant` label: what /metrics shows a caller who may not learn which
+    tenants exist. Counts, gauges and histogram buckets add up across tenants, so the totals stay true."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+            for sample in family.samples:
+                labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "tenant"))
+                totals[(sample.name, labels)] = totals.get((sample.name, labels), 0.0) + sample.value
+            summed = Metric(family.name, family.documentation, family.type, family.unit)
+            for (name, labels), value in totals.items():
+                summed.add_sample(name, dict(labels), value)
+            yield summed
 
 
 class _JsonFormatter(logging.Formatter):

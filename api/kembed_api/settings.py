@@ -108,6 +108,13 @@ class Settings(BaseSettings):
         description="A platform-admin token to make sure exists (e.g. from a Kubernetes Secret). Unset: on "
         "first start a token is minted, printed once and written to <data_dir>/admin-token (mode 0600).",
     )
+    metrics_token: SecretStr | None = Field(
+        None,
+        description="Bearer token Prometheus sends to /metrics (its scrape config's authorization.credentials_file). "
+        "Set: /metrics answers only it or a platform-admin token (401 otherwise). Unset: /metrics stays open, but an "
+        "anonymous caller gets platform totals without the tenant label; per-tenant series need a platform-admin "
+        "token (docs/security.md).",
+    )
     token_cache_s: float = Field(
         5.0,
         ge=0,
