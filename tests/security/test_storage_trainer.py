@@ -156,3 +156,22 @@ def test_word2vec_analogies_are_opened_through_the_policy(layout, target):
     with pytest.raises(StorageDenied, match="evaluation.analogies_uri") as refused:
         WordEval(["king", "queen"], neighbours_of=[], k=1, analogies_uri=str(link), guard=Guard(layout.policy("b")))
     assert SECRET not in str(refused.value)
+
+
+@pytest.mark.parametrize("planted", ["__0_0.distcp", ".metadata", "nested/__1_0.distcp"])
+def test_an_export_reads_no_checkpoint_file_that_leads_outside_the_policy(layout, planted):
+    """The API reads a checkpoint its tenant's trainer wrote, with the server's rights: a shard that is a symlink
+    to the server's database would come back as embeddings. The checkpoint is refused instead."""
+    from kembed_api.jobs import exports
+
+    step = layout.folder("b") / "job-b" / "step-5"
+    (step / planted).parent.mkdir(parents=True)
+    (step / "COMPLETE").write_text('{"step": 5}')
+    (step / planted).symlink_to(layout.data_dir / "kembed.db")
+    folder = (layout.folder("b") / "job-b").as_uri()
+    with pytest.raises(exports.NoCheckpoint, match="outside the tenant's storage policy") as refused:
+        exports.find_checkpoint(folder, policy=layout.policy("b"))
+    assert SECRET not in str(refused.value) and "kembed.db" not in str(refused.value)
+    (step / planted).unlink()
+    (step / planted).write_text("a shard")
+    assert exports.find_checkpoint(folder, policy=layout.policy("b")).step == 5

@@ -82,3 +82,13 @@ class Guard:
             raise FileNotFoundError(f"{where}: no files at {uri}")
         # Each found file again: a symlink inside an allowed folder may point anywhere.
         return [self.readable(self.uri_of(fs, p), where=where) for p in sorted(paths)]
+
+    def check_tree(self, uri: str, *, where: str) -> None:
+        """Every entry under folder `uri`, hidden ones and folders included, readable where it really is (a
+        symlink is judged by its target); raises StorageDenied or UriError. For a reader with more rights than
+        the writer, such as the API reading a checkpoint a trainer wrote."""
+        canonical = self.readable(uri, where=where)
+        fs, path = self.fs(canonical)
+        for found in fs.find(path, withdirs=True):
+            self.readable(self.uri_of(fs, found), where=where)
+

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from kembed_api import checkpoints
 from kembed_trainer import runtime
+from kembed_trainer.storage import Guard
+from kembed_trainer.storage_policy import StorageDenied, StoragePolicy, UriError
 
 __all__ = ["Export", "ExportUnavailable", "NoCheckpoint", "export_file", "find_checkpoint", "nearest"]
 
@@ -37,10 +39,14 @@ class Export:
     table: str
 
 
-def find_checkpoint(uri: str | None, step: int | None = None, *, preferred: int | None = None
-                    ) -> checkpoints.CheckpointRead:
+def find_checkpoint(uri: str | None, step: int | None = None, *, preferred: int | None = None,
+                    policy: StoragePolicy | None = None) -> checkpoints.CheckpointRead:
     """The complete checkpoint at `step`; without one, `preferred` (the job's result: its best eval's) while it
-    exists, else the latest."""
+    exists, else the latest.
+
+    Every file in it is checked against the tenant's `policy` where it really is: the folder is the tenant's, but
+    its trainer wrote it, and a shard that is a symlink to the server's database would otherwise be read (with
+    the server's rights, outside any sandbox) and handed back as embeddings."""
     found = checkpoints.list_checkpoints(uri) if uri else []
     if step is None and preferred is not None and any(c.step == preferred for c in found):
         step = preferred
@@ -49,6 +55,10 @@ def find_checkpoint(uri: str | None, step: int | None = None, *, preferred: int 
     if not found:
         raise NoCheckpoint("the job has no complete checkpoint yet" if step is None
                            else f"step: the job has no complete checkpoint at step {step}")
+    try:
+        Guard(policy).check_tree(found[-1].uri, where=f"checkpoint step {found[-1].step}")
+    except (StorageDenied, UriError) as error:
+        raise NoCheckpoint(str(error)) from None
     return found[-1]
 
 
@@ -62,10 +72,10 @@ def _exporter():
 
 
 def export_file(uri: str | None, *, job_id: str, fmt: str, table: str | None, step: int | None,
-                preferred: int | None = None) -> Export:
+                preferred: int | None = None, policy: StoragePolicy | None = None) -> Export:
     """Write the export to a temporary file (so its size is known before the first byte is sent)."""
     export = _exporter()
-    checkpoint = find_checkpoint(uri, step, preferred=preferred)
+    checkpoint = find_checkpoint(uri, step, preferred=preferred, policy=policy)
     rows = export.read_table(checkpoint.uri, table)
     fd, path = tempfile.mkstemp(prefix="kembed-export-", suffix=export.SUFFIXES[fmt])
     try:
@@ -88,10 +98,10 @@ def _cached_table(step_uri: str, table: str | None):
 
 
 def nearest(uri: str | None, *, word: str, k: int, table: str | None, preferred: int | None = None,
-            ) -> tuple[int, str, list[tuple[str, float]]]:
+            policy: StoragePolicy | None = None) -> tuple[int, str, list[tuple[str, float]]]:
     """(checkpoint step, table, [(key, cosine similarity)]) from the job's result checkpoint, else the latest."""
     export = _exporter()
-    checkpoint = find_checkpoint(uri, preferred=preferred)
+    checkpoint = find_checkpoint(uri, preferred=preferred, policy=policy)
     with _tables_lock:
         rows = _cached_table(checkpoint.uri, table)
     return checkpoint.step, rows.name, export.neighbours(rows, word, k)

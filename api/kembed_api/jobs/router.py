@@ -158,6 +158,10 @@ def job_checkpoint_uri(raw: dict) -> str | None:
     return uri if isinstance(uri, str) else None
 
 
+def _policy(principal, request: Request):
+    return policy_of(principal.tenant, request.app.state.storage)
+
+
 def _readable_checkpoint_uri(job: Job, principal, request: Request) -> str | None:
     """The job's checkpoint folder, checked against its tenant's storage policy as it is now (409 outside it): a
     job stored before the policy (or before it was narrowed) reads nothing its tenant may no longer read."""
@@ -198,7 +202,8 @@ def job_checkpoints(job_id: str, request: Request, db: Db, principal: Reader) ->
 
 
 _EXPORT_ERRORS = {
-    409: {"description": "The job has no complete checkpoint yet (or none at `step`), or it predates row indexes."},
+    409: {"description": "The job has no complete checkpoint yet (or none at `step`), it predates row indexes, or "
+                         "a file in it lies outside the tenant's storage policy (a symlink)."},
     422: {"description": "A parameter is wrong (an unknown table, a word not in the vocabulary); `detail` says which."},
     501: {"description": "This server cannot read checkpoints (no torch); export where the trainer runs."},
 }
@@ -242,8 +247,8 @@ def export_job(
         job = _job_of(session, principal, job_id)
     uri = _readable_checkpoint_uri(job, principal, request)
     try:
-        made = exports.export_file(uri, job_id=job_id, fmt=format, table=table,
-                                   step=step, preferred=_result_step(job))
+        made = exports.export_file(uri, job_id=job_id, fmt=format, table=table, step=step,
+                                   preferred=_result_step(job), policy=_policy(principal, request))
     except (exports.NoCheckpoint, exports.ExportUnavailable, ValueError) as error:
         raise _export_failure(error) from error
     return FileResponse(made.path, filename=made.filename, media_type="application/octet-stream",
@@ -267,8 +272,8 @@ def job_neighbours(
         job = _job_of(session, principal, job_id)
     uri = _readable_checkpoint_uri(job, principal, request)
     try:
-        step, name, found = exports.nearest(uri, word=word, k=k, table=table,
-                                            preferred=_result_step(job))
+        step, name, found = exports.nearest(uri, word=word, k=k, table=table, preferred=_result_step(job),
+                                            policy=_policy(principal, request))
     except (exports.NoCheckpoint, exports.ExportUnavailable, ValueError) as error:
         raise _export_failure(error) from error
     return NeighboursRead(job=job_id, checkpoint_step=step, table=name, word=word,
