@@ -31,6 +31,10 @@ def test_the_tiny_spec_is_valid_and_defaults_procs_to_one():
         pytest.param(lambda s: s.update(colour="blue"), "colour", id="unknown-top-level-field"),
         pytest.param(lambda s: s["trainer"]["checkpoint"].update(uri="gs://bucket/x"), "trainer.checkpoint.uri",
                      id="unsupported-scheme"),
+        pytest.param(lambda s: s["trainer"]["checkpoint"].update(incremental=True, full_every=0),
+                     "trainer.checkpoint.full_every", id="chain-of-no-saves"),
+        pytest.param(lambda s: s["trainer"]["checkpoint"].update(incremental=True, max_chain_share=0),
+                     "trainer.checkpoint.max_chain_share", id="chain-share-zero"),
     ],
 )
 def test_a_bad_spec_names_the_field_at_fault(mutate, location):

@@ -4,6 +4,13 @@ Every rank writes its part of a step folder; once DCP has written its metadata, 
 marker. Only folders with the marker are ever loaded, so a save cut short (SIGKILL, node loss) costs only that
 save. DCP keys tensors by name, so a checkpoint written by N ranks loads on M.
 
+With `incremental`, saves between full checkpoints are deltas (delta.py: the dense part whole, the tables' changed
+rows only), each on the save before it (runtime.CheckpointMarker). Resume loads the newest step whose chain is
+complete: its full checkpoint, then its deltas in order. Rank 0 picks full or delta for every save (every
+`full_every` saves, or once the chain's deltas pass `max_chain_share` of its full one) and tells the others.
+Pruning keeps the newest `keep` restorable steps and every folder their chains need, deleting newest first, so
+a prune cut short never leaves a delta without its base.
+
 Every folder is checked against the storage policy (kembed_trainer.storage) just before it is listed, written,
 loaded or deleted, as its real path: a step folder that is a symlink to somewhere else is refused, not followed.
 
@@ -14,7 +21,6 @@ with training's). Training waits only for the copy, and for a previous save stil
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import warnings
@@ -29,7 +35,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
-from kembed_trainer import runtime
+from kembed_trainer import delta, runtime
 from kembed_trainer.storage import Guard
 
 __all__ = ["Checkpointer", "SavedCheckpoint"]
@@ -44,13 +50,18 @@ class SavedCheckpoint:
     num_bytes: int
     seconds: float  # from the start of the save until its COMPLETE marker landed
     blocked_seconds: float = 0.0  # how long training waited (for the copy, and for an earlier save)
+    kind: str = runtime.CHECKPOINT_FULL
+    parent: int | None = None  # a delta's parent step
 
 
 class Checkpointer:
-    def __init__(self, uri: str, *, keep: int, is_main: bool, guard: Guard) -> None:
+    def __init__(self, uri: str, *, keep: int, is_main: bool, guard: Guard, incremental: bool = False,
+                 full_every: int = 8, max_chain_share: float = 0.5) -> None:
         self.guard = guard
         self.uri = guard.writable(uri, where=_WHERE)  # canonical: records always carry a full URI
         self.keep = keep
+        self.incremental, self.full_every, self.max_chain_share = incremental, full_every, max_chain_share
+        self._chain: list[runtime.CheckpointMarker] = []  # the chain the next delta extends (sizes on rank 0)
         self.is_main = is_main
         self.fs, self.root = guard.fs(self.uri)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
@@ -70,26 +81,59 @@ class Checkpointer:
         canonical = self.guard.writable(uri, where=where) if write else self.guard.readable(uri, where=where)
         return self.guard.fs(canonical)[1]
 
-    def complete_steps(self) -> list[int]:
-        """Steps with a complete checkpoint, newest first."""
-        return [s for s in self._listed_steps()
-                if self.fs.exists(f"{self._checked_step(s, write=False)}/{runtime.CHECKPOINT_MARKER}")]
+    def markers(self) -> dict[int, runtime.CheckpointMarker]:
+        """The complete checkpoints' markers, by step."""
+        found = {}
+        for step in self._listed_steps():
+            try:
+                content = self.fs.cat_file(f"{self._checked_step(step, write=False)}/{runtime.CHECKPOINT_MARKER}")
+            except FileNotFoundError:
+                continue
+            found[step] = runtime.CheckpointMarker.parse(step, content)
+        return found
 
-    def save(self, step: int, state: dict[str, Any], files: dict[str, bytes] | None = None) -> None:
+    def complete_steps(self) -> list[int]:
+        """Steps that restore (complete, with every link of their chain complete), newest first."""
+        return runtime.restorable_steps(self.markers())
+
+    def next_kind(self) -> str:
+        """Whether the next save is full or a delta: rank 0 decides for all. Collective; waits for a save in
+        flight (its size counts)."""
+        self._landed += self._finish()
+        kind = runtime.CHECKPOINT_FULL
+        if self.is_main and self.incremental and self._chain:
+            full, deltas = self._chain[0], self._chain[1:]
+            chain_bytes = sum(d.num_bytes or 0 for d in deltas)
+            if (len(self._chain) < self.full_every and full.num_bytes is not None
+                    and chain_bytes <= self.max_chain_share * full.num_bytes):
+                kind = runtime.CHECKPOINT_DELTA
+        if dist.is_initialized():
+            decided = [kind]
+            dist.broadcast_object_list(decided, src=0)
+            kind = decided[0]
+        return kind
+
+    def save(self, step: int, state: dict[str, Any], files: dict[str, bytes] | None = None, *,
+             kind: str = runtime.CHECKPOINT_FULL, started: float | None = None) -> None:
         """Start saving `state` as step `step`; `poll` or `wait` tell when it landed. Collective.
 
         `files` (name in the step folder -> bytes) are this rank's small side files, such as what each table
         row stands for (`row_index`); they land before the COMPLETE marker, so a complete checkpoint has them.
+        `kind`: as `next_kind` said (a delta's `state` holds delta.DELTA_KEY instead of the tables). `started`:
+        when training stopped for this save (before it built `state`), so the stall reported counts that too.
         """
-        start = time.perf_counter()
+        start = time.perf_counter() if started is None else started
         self._landed += self._finish()  # one save at a time
-        path = self._checked_step(step, write=True)
-        if self.is_main and self.fs.exists(path):
-            self.fs.rm(path, recursive=True)  # a partial save of this step from an earlier attempt
-        _barrier()
+        parent = None
+        if kind == runtime.CHECKPOINT_DELTA:
+            assert self._chain, "a delta needs a checkpoint before it"
+            parent = self._chain[-1].step
+        self._checked_step(step, write=True)  # refused here, in the training thread, if outside the policy
         staged = _copy(state)
         blocked = time.perf_counter() - start
-        self._inflight = self._executor.submit(self._write, step, staged, dict(files or {}), start, blocked)
+        self._inflight = self._executor.submit(
+            self._write, step, staged, dict(files or {}), start, blocked, kind, parent
+        )
 
     def poll(self) -> list[SavedCheckpoint]:
         """The saves that landed since the last call (never blocks)."""
@@ -114,9 +158,16 @@ class Checkpointer:
         return [inflight.result()]  # a failed save raises here, in the training thread
 
     def _write(
-        self, step: int, staged: dict[str, Any], files: dict[str, bytes], start: float, blocked: float
+        self, step: int, staged: dict[str, Any], files: dict[str, bytes], start: float, blocked: float,
+        kind: str, parent: int | None,
     ) -> SavedCheckpoint:
         path = self._checked_step(step, write=True)
+        # A partial save of this step from an earlier attempt goes first; here, not in save(), so training does
+        # not wait for the storage's round trips.
+        if self.is_main and self.fs.exists(path):
+            self.fs.rm(path, recursive=True)
+        if self._group is not None:
+            dist.barrier(group=self._group)  # no rank writes before it is gone
         for name, content in files.items():  # before DCP's collective save, so before rank 0's marker
             self.fs.makedirs(f"{path}/{name}".rsplit("/", 1)[0], exist_ok=True)
             self.fs.pipe_file(f"{path}/{name}", content)
@@ -130,30 +181,34 @@ class Checkpointer:
         # dcp.save returns on rank 0 only after every rank's files are written and the metadata with them.
         num_bytes = 0
         if self.is_main:
-            self.fs.pipe_file(f"{path}/{runtime.CHECKPOINT_MARKER}", json.dumps({"step": step}).encode())
             num_bytes = int(self.fs.du(path))
+            marker = runtime.CheckpointMarker(step, kind, parent, num_bytes)
+            self.fs.pipe_file(f"{path}/{runtime.CHECKPOINT_MARKER}", marker.to_bytes())
+        else:
+            marker = runtime.CheckpointMarker(step, kind, parent)
+        self._chain = [*self._chain, marker] if kind == runtime.CHECKPOINT_DELTA else [marker]
+        if self.is_main:
             self._prune()
-        return SavedCheckpoint(step, self.step_uri(step), num_bytes, time.perf_counter() - start, blocked)
+        return SavedCheckpoint(step, self.step_uri(step), num_bytes, time.perf_counter() - start, blocked,
+                               kind, parent)
 
     def load_latest(self, state: dict[str, Any], *, optional: tuple[str, ...] = ()) -> int | None:
-        """Load the newest complete checkpoint that reads back into `state`; its step, or None if none exists.
+        """Load the newest step that restores into `state`; its step, or None if none exists.
 
-        A complete checkpoint that fails to load (a file lost or corrupted later) is skipped for the one before
-        it. DCP raises on every rank when any rank fails, so all ranks skip together. `optional`: dotted paths
-        of parts of `state` that checkpoints written before those parts existed lack (`trainer.best`); such a
-        checkpoint loads without them, and they keep what `state` holds.
+        A full checkpoint loads as it is; a delta's chain loads its full checkpoint, then each delta in order.
+        A chain that fails to load (a file lost or corrupted later) is skipped for the step before it. DCP
+        raises on every rank when any rank fails, so all ranks skip together. `optional`: dotted paths of parts
+        of `state` that checkpoints written before those parts existed lack (`trainer.best`); such a checkpoint
+        loads without them, and they keep what `state` holds.
         """
-        steps = self.complete_steps()
+        markers = self.markers()
+        steps = runtime.restorable_steps(markers)
         for step in steps:
-            path = self._checked_step(step, write=False)
-            for file in self.fs.find(path):  # a file of the folder may be a symlink too
-                self.guard.readable(self.guard.uri_of(self.fs, file), where=f"{_WHERE} ({runtime.step_dir(step)})")
+            chain = runtime.chain_of(step, markers) or []
             try:
-                with warnings.catch_warnings():
-                    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                    metadata = FsspecReader(self.step_uri(step)).read_metadata()
-                    dcp.load(_without_absent(state, metadata.state_dict_metadata, optional),
-                             storage_reader=FsspecReader(self.step_uri(step)))
+                for link in chain:
+                    self._load(link, state, whole=link == chain[0], optional=optional)
+                self._chain = [markers[link] for link in chain]
                 return step
             except (Exception, CheckpointException) as exc:  # noqa: BLE001 - any unreadable one is skipped
                 # The error's type only: its message may quote the bytes it could not read.
@@ -165,6 +220,23 @@ class Checkpointer:
             raise RuntimeError(f"none of the complete checkpoints under {self.uri} could be loaded")
         return None
 
+    def _load(self, step: int, state: dict[str, Any], *, whole: bool, optional: tuple[str, ...]) -> None:
+        """Load a full checkpoint into `state`, or apply a delta on it (its dense part whole, its rows)."""
+        path = self._checked_step(step, write=False)
+        for file in self.fs.find(path):  # a file of the folder may be a symlink too
+            self.guard.readable(self.guard.uri_of(self.fs, file), where=f"{_WHERE} ({runtime.step_dir(step)})")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            saved = FsspecReader(self.step_uri(step)).read_metadata().state_dict_metadata
+            if whole:
+                dcp.load(_without_absent(state, saved, optional), storage_reader=FsspecReader(self.step_uri(step)))
+                return
+            entries = delta.entries_of(saved)
+            dense = {k: v for k, v in state.items() if k != delta.TABLES_KEY}
+            dcp.load({**_without_absent(dense, saved, optional), delta.DELTA_KEY: entries},
+                     storage_reader=FsspecReader(self.step_uri(step)))
+        delta.apply(state[delta.TABLES_KEY], entries)
+
     def _listed_steps(self) -> list[int]:
         root = self.guard.fs(self.guard.writable(self.uri, where=_WHERE))[1]  # again: it may have become a symlink
         self.fs.invalidate_cache(root)
@@ -175,16 +247,21 @@ class Checkpointer:
         return sorted((s for n in names if (s := runtime.step_of_dir(n)) is not None), reverse=True)
 
     def _prune(self) -> None:
-        """Keep the newest `keep` complete checkpoints and the pinned one (the best); drop every older folder,
-        complete or partial."""
-        kept = self.complete_steps()[: self.keep]
+        """Keep the newest `keep` restorable steps, the pinned one (the best) and the chains they need; drop
+        every older folder, complete or partial, and any complete delta whose chain is broken, newest first (a
+        delta before its base). A partial folder newer than them all is left: it may be a save to come."""
+        markers = self.markers()
+        kept = runtime.restorable_steps(markers)[: self.keep]
         if not kept:
             return
-        if self.pinned_step is not None:
-            kept.append(self.pinned_step)
+        pinned = [self.pinned_step] if self.pinned_step is not None else []
+        needed = runtime.steps_needed([*kept, *pinned], markers)
         for step in self._listed_steps():
-            if step not in kept and step < kept[0]:
-                self.fs.rm(self._checked_step(step, write=True), recursive=True)
+            if step not in needed and (step < kept[0] or step in markers):
+                path = self._checked_step(step, write=True)
+                if step in markers:  # unmarked first: a folder half deleted is never taken for complete
+                    self.fs.rm(f"{path}/{runtime.CHECKPOINT_MARKER}")
+                self.fs.rm(path, recursive=True)
 
 
 def _copy(state: Any) -> Any:
@@ -198,11 +275,6 @@ def _copy(state: Any) -> Any:
             return state.detach().to("cpu", copy=True)
         return state.detach().clone()  # a DTensor keeps its placement; its local rows are copied
     return state
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def _without_absent(state: dict[str, Any], saved: Mapping[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:

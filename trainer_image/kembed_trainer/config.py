@@ -373,7 +373,27 @@ class CheckpointConfig(_Strict):
     every_steps: Count = Field(
         0, description="Steps between checkpoints; 0 = only the final (and on SIGTERM)."
     )
-    keep: _int(1, 10_000) = Field(3, description="Complete checkpoints kept; older ones are deleted.")
+    keep: _int(1, 10_000) = Field(
+        3,
+        description="Complete checkpoints kept (each still restorable: with `incremental`, the whole chain it "
+        "needs is kept too); older ones are deleted.",
+    )
+    incremental: bool = Field(
+        False,
+        description="Between full checkpoints save deltas: the dense part whole, and of the tables only the rows "
+        "(with their optimizer state) changed since the previous save. Off by default: it pays for big tables "
+        "a save touches a few percent of, and makes `keep` keep whole chains.",
+    )
+    full_every: _int(1, 10_000) = Field(
+        8,
+        description="With `incremental`: saves per chain, a full checkpoint then up to full_every - 1 deltas. "
+        "8 bounds a resume to one full load and 7 small ones.",
+    )
+    max_chain_share: _float(gt=0, le=100) = Field(
+        0.5,
+        description="With `incremental`: the next save is full once the chain's deltas add up to more than this "
+        "share of its full checkpoint's bytes. 0.5: a chain never costs more than 1.5 full checkpoints of storage.",
+    )
 
 
 # Metrics an evaluation reports, and which way is better (the best checkpoint and early stopping use it).
@@ -601,6 +621,9 @@ class TrainerConfig(_Strict):
                              f"not {evaluation.metric!r}")
         if self.model.kind != "word2vec" and (evaluation.neighbours_of or evaluation.analogies_uri):
             raise ValueError("evaluation.neighbours_of and analogies_uri are for word2vec")
+        if self.model.kind == "word2vec" and self.checkpoint.incremental:
+            # Its compiled trainer writes the tables directly, past the changed-row tracking deltas rely on.
+            raise ValueError("checkpoint.incremental: word2vec saves full checkpoints only")
         return self
 
     def _check_word2vec_fits_its_trainer(self) -> None:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
-from kembed_trainer import config, hugepages, pooling, sharding, sparse_optim
+from kembed_trainer import config, delta, hugepages, pooling, sharding, sparse_optim
 from kembed_trainer.data.batch import Batch
 
 __all__ = ["EmbeddingCollection", "hash_rows"]
@@ -112,6 +112,13 @@ class _Group:
                 _seeded_uniform(self.shard[piece], lo, _bound(t), seed=seed, table=first_table + i)
         self.state: dict[str, torch.Tensor] = {}
         self.shard_state: dict[str, torch.Tensor] = {}
+        # Rows changed since the last checkpoint (weights and optimizer state; admission counts apart), so an
+        # incremental checkpoint saves only those (delta.py). One byte per row: a small share of the tables.
+        self.changed = torch.zeros(self.weight.shape[0], dtype=torch.bool, device=device)
+        self.shard_changed = torch.zeros(self.shard.shape[0], dtype=torch.bool, device=device)
+        self.seen_changed = (
+            torch.zeros(self.num_rows, dtype=torch.bool, device=device) if self.seen is not None else None
+        )
 
     def table_of(self, rows: torch.Tensor) -> torch.Tensor:
         return self._table_at[torch.searchsorted(self._sorted_starts, rows, right=True) - 1]
@@ -286,24 +293,27 @@ class EmbeddingCollection:
         """Apply the sparse optimizer to the rows of the last lookup (after `loss.backward()`)."""
         for g, where, touched, raw_rows in self._pending:
             if raw_rows is not None:
-                _count_seen(g.seen, raw_rows, self.world_size)
+                g.seen_changed[_count_seen(g.seen, raw_rows, self.world_size)] = True
             grad = touched.grad
             if grad is None:  # the loss did not depend on this group (the same on every rank)
                 continue
             if g.weight.shape[0]:
                 repl_grad = grad[: where.num_repl]
-                self._update(g, g.weight, g.state, where.repl_rows, repl_grad, g.repl_table, step, average=True)
+                self._update(g, g.weight, g.state, g.changed, where.repl_rows, repl_grad, g.repl_table, step,
+                             average=True)
             if where.exchange is not None:
                 rows, summed = where.exchange.return_grads(grad[where.num_repl :])
                 if self.world_size > 1:
                     summed = summed / self.world_size
-                self._update(g, g.shard, g.shard_state, rows, summed, g.shard_table, step, average=False)
+                self._update(g, g.shard, g.shard_state, g.shard_changed, rows, summed, g.shard_table, step,
+                             average=False)
         self._pending = []
 
-    def _update(self, g: _Group, weight, state, rows, grad, table_of, step: int, *, average: bool) -> None:
+    def _update(self, g: _Group, weight, state, changed, rows, grad, table_of, step: int, *, average: bool) -> None:
         if average and self.world_size > 1:
             rows, grad = _average_across_ranks(rows, grad, self.world_size)
         if rows.numel():
+            changed[rows] = True
             table = table_of(rows)
             if g.any_decay:  # L2 on the rows this step touched (after averaging: replicas hold the same rows)
                 grad = grad + weight.index_select(0, rows) * g.weight_decay[table][:, None]
@@ -335,6 +345,31 @@ class EmbeddingCollection:
                 if g.seen is not None:
                     sd[f"{t.name}.seen"] = g.seen[g.virtual_slice(i)]
         return sd
+
+    def changes(self, rank: int) -> dict[str, delta.TableChanges]:
+        """The rows changed since `forget_changes`, as the table rows this rank writes into a delta (delta.py):
+        its own rows of sharded tables, and on rank 0 those of replicated tables and the admission counts."""
+        out = {}
+        for g in self.groups:
+            for i, t in enumerate(g.tables):
+                if g.sharded[i]:
+                    rows = g.shard_changed[g.layout.local_slice(i)].nonzero()[:, 0] + g.layout.table_lo(i)
+                elif rank == 0:
+                    rows = g.changed[g.table_slices(i)].nonzero()[:, 0]
+                else:
+                    rows = g.changed.new_empty(0, dtype=torch.int64)
+                seen_rows = None
+                if g.seen_changed is not None and rank == 0:
+                    seen_rows = g.seen_changed[g.virtual_slice(i)].nonzero()[:, 0]
+                out[t.name] = delta.TableChanges(rows, seen_rows)
+        return out
+
+    def forget_changes(self) -> None:
+        """Start counting changed rows afresh (a checkpoint now holds every change so far)."""
+        for g in self.groups:
+            for mask in (g.changed, g.shard_changed, g.seen_changed):
+                if mask is not None:
+                    mask.zero_()
 
     def full_weight(self, name: str) -> torch.Tensor:
         """Every row of table `name` on this rank (a sharded table is all-gathered: a collective)."""
@@ -397,14 +432,15 @@ def _mix(ids: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 32)
 
 
-def _count_seen(seen: torch.Tensor, raw_rows: torch.Tensor, world_size: int) -> None:
-    """Count one sighting per batch and rank for each row, the same on every rank."""
+def _count_seen(seen: torch.Tensor, raw_rows: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Count one sighting per batch and rank for each row, the same on every rank; the rows counted."""
     uniq = torch.unique(raw_rows)
     if world_size > 1:
         uniq, ones = _average_across_ranks(uniq, torch.ones(uniq.numel(), 1, device=uniq.device), world_size)
         seen.index_add_(0, uniq, (ones[:, 0] * world_size).round().long())
     else:
         seen[uniq] += 1
+    return uniq
 
 
 def _average_across_ranks(

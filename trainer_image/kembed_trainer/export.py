@@ -2,7 +2,9 @@
 
 Reads one complete `step-N/` folder with DCP in a single process (no process group): a table sharded row-wise
 over any number of ranks is gathered whole, as DCP reads every rank's rows into one tensor. What each row stands
-for comes from the checkpoint's own row index (`row_index.py`).
+for comes from the checkpoint's own row index (`row_index.py`). A delta (an incremental checkpoint) is read
+through its chain: the table from the chain's full checkpoint (which holds the row index too), then each delta's
+changed rows on it, in order.
 
 Formats (`FORMATS`):
 - `parquet`: one row per word or id: `token` (word2vec), `id` (int64, plain tables) or `feature`, `id` (text)
@@ -28,7 +30,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-from kembed_trainer import embedding, row_index, runtime
+from kembed_trainer import delta, embedding, row_index, runtime
 from kembed_trainer.data.table import hash_string
 
 __all__ = ["FORMATS", "SUFFIXES", "ExportError", "TableRows", "neighbours", "read_table", "write"]
@@ -72,14 +74,42 @@ def default_table(manifest: dict[str, Any]) -> str:
     return tables[0]["name"]
 
 
+def chain_uris(step_uri: str) -> list[str]:
+    """The folders that make up the checkpoint at `step_uri`, its full checkpoint first (itself when full)."""
+    fs, path = fsspec.core.url_to_fs(step_uri)
+    root, _, name = path.rstrip("/").rpartition("/")
+    scheme = step_uri.split("://", 1)[0] if "://" in step_uri else "file"
+    chain: list[str] = []
+    step = runtime.step_of_dir(name)
+    while True:
+        folder = f"{root}/{runtime.step_dir(step)}" if step is not None else path.rstrip("/")
+        chain.append(f"{scheme}://{folder}")
+        if step is None:  # a folder not named step-N (copied elsewhere): read as a full checkpoint
+            return chain[::-1]
+        try:
+            marker = runtime.CheckpointMarker.parse(step, fs.cat_file(f"{folder}/{runtime.CHECKPOINT_MARKER}"))
+        except FileNotFoundError:
+            if len(chain) == 1:  # the folder asked for: read as it is (DCP says what is missing)
+                return chain
+            raise ExportError(f"{step_uri} is a delta whose chain is broken: {folder} is not complete") from None
+        if marker.kind == runtime.CHECKPOINT_FULL:
+            return chain[::-1]
+        step = marker.parent if marker.parent is not None and marker.parent >= 0 else None
+        if step is None:
+            raise ExportError(f"{step_uri} is a delta whose chain is broken") from None
+
+
 def read_table(step_uri: str, table: str | None = None) -> TableRows:
-    step_uri = step_uri.rstrip("/")
+    chain = chain_uris(step_uri.rstrip("/"))
+    step_uri = chain[0]  # the full checkpoint: the row index and the table before the deltas
     manifest = read_manifest(step_uri)
     name = table or default_table(manifest)
     spec = next((t for t in manifest["tables"] if t["name"] == name), None)
     if spec is None:
         raise ExportError(f"table {name!r} not in this checkpoint (tables: {[t['name'] for t in manifest['tables']]})")
     vectors = _load_weight(step_uri, name)
+    for delta_uri in chain[1:]:
+        _apply_delta(delta_uri, name, vectors)
     meaning = spec["rows"]
     features = None
     if meaning == "words":
@@ -106,6 +136,18 @@ def _load_weight(step_uri: str, table: str) -> np.ndarray:
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, storage_reader=FsspecReader(step_uri))
     return state["embeddings"][f"{table}.weight"].numpy()
+
+
+def _apply_delta(delta_uri: str, table: str, vectors: np.ndarray) -> None:
+    """Copy a delta's changed rows of `table` into `vectors` (in place)."""
+    wanted = {k: v for k, v in delta.entries_of(FsspecReader(delta_uri).read_metadata().state_dict_metadata).items()
+              if k.startswith(f"{table}.") and k.rsplit(".", 1)[-1] in ("rows", "weight")}
+    if not wanted:
+        return  # no row of this table changed
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({delta.DELTA_KEY: wanted}, storage_reader=FsspecReader(delta_uri))
+    delta.apply({f"{table}.weight": torch.from_numpy(vectors)}, wanted)
 
 
 def _read_ids(step_uri: str, table: str) -> pa.Table:

@@ -7,7 +7,8 @@ import it without torch.
 - the environment a trainer reads (`KEMBED_REPORT_*`, `KEMBED_JOB_ID`, `KEMBED_TERMINATION_LOG`, `KEMBED_STORAGE_POLICY`);
 - the termination log: where a failing trainer writes its one-line reason, so the job's message is that reason;
 - the names of the records rank 0 reports (JSON lines on stdout, POSTed to the API);
-- the checkpoint layout: `<uri>/step-N/`, counting only once its `COMPLETE` marker exists;
+- the checkpoint layout: `<uri>/step-N/`, counting only once its `COMPLETE` marker exists; a marker says whether
+  the folder is a full checkpoint or a delta on an earlier one (its parent), and how a chain resolves;
 - the command line that starts one node of a gang (torchrun's arguments, under the launcher);
 - how much sparse-optimizer state each optimizer keeps per embedding element (sizes shown at submission).
 """
@@ -15,13 +16,18 @@ import it without torch.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 __all__ = [
+    "CHECKPOINT_DELTA",
+    "CHECKPOINT_FULL",
     "CHECKPOINT_MARKER",
+    "CheckpointMarker",
     "ENV_JOB_ID",
     "ENV_REPORT_TOKEN",
     "ENV_REPORT_URL",
@@ -40,7 +46,10 @@ __all__ = [
     "OPTIMIZER_STATE_FLOATS",
     "TERMINATION_LOG_PATH",
     "node_command",
+    "chain_of",
     "read_termination_message",
+    "restorable_steps",
+    "steps_needed",
     "step_dir",
     "step_of_dir",
     "write_termination_message",
@@ -108,6 +117,73 @@ def step_of_dir(name: str) -> int | None:
     """The step of a checkpoint folder's name; None for anything else."""
     match = _STEP_DIR.match(name)
     return int(match.group(1)) if match else None
+
+
+# A full checkpoint holds everything. A delta holds the dense part whole and, of every table, only the rows (and
+# their optimizer state and admission counts) that changed since its parent, the checkpoint saved just before it;
+# a chain is a full checkpoint and the deltas on it, in order. A step restores only when every link of its chain
+# is complete. Markers from before deltas existed (`{"step": N}`) are full checkpoints.
+CHECKPOINT_FULL = "full"
+CHECKPOINT_DELTA = "delta"
+
+
+@dataclass(frozen=True)
+class CheckpointMarker:
+    """What a `COMPLETE` marker says: the step, full or delta, a delta's parent step, and the folder's size."""
+
+    step: int
+    kind: str = CHECKPOINT_FULL
+    parent: int | None = None  # the step a delta applies on (None for a full checkpoint)
+    num_bytes: int | None = None  # the folder's bytes without the marker (None: not recorded)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"step": self.step, "kind": self.kind, "parent": self.parent,
+                           "num_bytes": self.num_bytes}).encode()
+
+    @classmethod
+    def parse(cls, step: int, content: bytes) -> CheckpointMarker:
+        """The marker of folder `step-<step>`; unreadable or foreign content counts as a full checkpoint's, as an
+        empty marker always did."""
+        try:
+            data = json.loads(content or b"{}")
+        except ValueError:
+            data = {}
+        if not isinstance(data, dict):
+            data = {}
+        kind = CHECKPOINT_DELTA if data.get("kind") == CHECKPOINT_DELTA else CHECKPOINT_FULL
+        parent = data.get("parent") if kind == CHECKPOINT_DELTA else None
+        num_bytes = data.get("num_bytes")
+        if kind == CHECKPOINT_DELTA and not (isinstance(parent, int) and parent < step):
+            kind, parent = CHECKPOINT_DELTA, -1  # a delta whose base cannot be named never restores
+        return cls(step, kind, parent, num_bytes if isinstance(num_bytes, int) else None)
+
+
+def chain_of(step: int, markers: Mapping[int, CheckpointMarker]) -> list[int] | None:
+    """The steps to load to restore `step`, oldest (its full checkpoint) first; None when a link is missing.
+
+    `markers`: the complete checkpoints, by step."""
+    chain = []
+    current: int | None = step
+    while current is not None:
+        marker = markers.get(current)
+        if marker is None:
+            return None
+        chain.append(current)
+        current = marker.parent
+    return chain[::-1]
+
+
+def restorable_steps(markers: Mapping[int, CheckpointMarker]) -> list[int]:
+    """Steps whose whole chain is complete, newest first."""
+    return sorted((s for s in markers if chain_of(s, markers) is not None), reverse=True)
+
+
+def steps_needed(steps: Iterable[int], markers: Mapping[int, CheckpointMarker]) -> set[int]:
+    """Every folder the chains of `steps` need (what garbage collection must keep to restore each of them)."""
+    needed: set[int] = set()
+    for step in steps:
+        needed.update(chain_of(step, markers) or ())
+    return needed
 
 
 # ---- exports: format -> file suffix (kembed_trainer.export writes them; the API and the CLI offer them) --------

@@ -19,6 +19,7 @@ from kembed_trainer import (
     checkpoint,
     config,
     data,
+    delta,
     embedding,
     malloc,
     metrics,
@@ -87,7 +88,11 @@ class Trainer:
             else None
         )
         self.checkpointer = (
-            checkpoint.Checkpointer(cfg.checkpoint.uri, keep=cfg.checkpoint.keep, is_main=env.is_main, guard=guard)
+            checkpoint.Checkpointer(
+                cfg.checkpoint.uri, keep=cfg.checkpoint.keep, is_main=env.is_main, guard=guard,
+                incremental=cfg.checkpoint.incremental, full_every=cfg.checkpoint.full_every,
+                max_chain_share=cfg.checkpoint.max_chain_share,
+            )
             if cfg.checkpoint.uri
             else None
         )
@@ -248,7 +253,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
         state = {
-            "embeddings": self.embeddings.state_dict(),
+            delta.TABLES_KEY: self.embeddings.state_dict(),
             "trainer": {"step": torch.tensor(self.step), "best": self.best.state_dict()},
         }
         if masks := self.masks.state_dict():
@@ -285,7 +290,15 @@ class Trainer:
         if self.checkpointer is None:
             return
         if self._saved_step != self.step:
-            self.checkpointer.save(self.step, self.state_dict(), self._row_files)
+            started = time.perf_counter()  # training stalls from here until the state is copied
+            kind = self.checkpointer.next_kind()
+            state, files = self.state_dict(), self._row_files
+            if kind == runtime.CHECKPOINT_DELTA:
+                tables = state.pop(delta.TABLES_KEY)
+                state[delta.DELTA_KEY] = delta.extract(tables, self.embeddings.changes(self.env.rank), self.env.rank)
+                files = {}  # the row index never changes: the chain's full checkpoint holds it
+            self.embeddings.forget_changes()
+            self.checkpointer.save(self.step, state, files, kind=kind, started=started)
             self._saved_step = self.step
         if wait:
             self._report_saves(wait=True)
@@ -302,6 +315,8 @@ class Trainer:
                 num_bytes=saved.num_bytes,
                 seconds=round(saved.seconds, 3),
                 blocked_seconds=round(saved.blocked_seconds, 3),
+                kind=saved.kind,
+                parent_step=saved.parent,
             )
 
     # ------------------------------------------------------------------------------------------- helpers
