@@ -1,12 +1,14 @@
 """Listing a job's checkpoints: `<checkpoint uri>/step-N/`, each counting only once its COMPLETE marker exists.
 
 The layout is the trainer's (kembed_trainer.runtime, docs/trainer.md); this reads it with fsspec alone, so
-the API needs no torch.
+the API needs no torch. An incremental checkpoint (a delta) is listed only while its whole chain is complete,
+with the chain's full checkpoint and the bytes a restore reads.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Literal
 
 import fsspec
 from pydantic import BaseModel, Field
@@ -22,6 +24,11 @@ class CheckpointRead(BaseModel):
     uri: str
     time: datetime | None = Field(description="When it was completed (its marker was written).")
     num_bytes: int = Field(description="Total size of its files.")
+    kind: Literal["full", "delta"] = Field(
+        description="full: everything; delta: the dense part and the table rows changed since `parent_step`.")
+    parent_step: int | None = Field(description="A delta's parent checkpoint (the save before it); null if full.")
+    base_step: int = Field(description="The full checkpoint its chain starts from (itself if full).")
+    chain_num_bytes: int = Field(description="Bytes a restore of this step reads: its chain's folders together.")
 
 
 def _modified(info: dict) -> datetime | None:
@@ -35,14 +42,15 @@ def _modified(info: dict) -> datetime | None:
 
 
 def list_checkpoints(uri: str) -> list[CheckpointRead]:
-    """Complete checkpoints under `uri`, oldest first; an absent folder has none."""
+    """Checkpoints under `uri` that restore (complete, and their chains too), oldest first; an absent folder
+    has none."""
     fs, root = fsspec.core.url_to_fs(uri)
     try:
         entries = fs.ls(root, detail=True)
     except FileNotFoundError:
         return []
-    found = []
     scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+    markers, folders = {}, {}
     for entry in entries:
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
         step = runtime.step_of_dir(name)
@@ -51,11 +59,19 @@ def list_checkpoints(uri: str) -> list[CheckpointRead]:
         path = entry["name"].rstrip("/")
         try:
             marker = fs.info(f"{path}/{runtime.CHECKPOINT_MARKER}")
+            content = fs.cat_file(f"{path}/{runtime.CHECKPOINT_MARKER}")
         except FileNotFoundError:
             continue  # half-written: never loaded, never listed
+        markers[step] = runtime.CheckpointMarker.parse(step, content)
         files = fs.find(path, detail=True)
+        folders[step] = (path, _modified(marker), sum(int(f.get("size") or 0) for f in files.values()))
+    found = []
+    for step in runtime.restorable_steps(markers):
+        path, time, num_bytes = folders[step]
+        chain = runtime.chain_of(step, markers) or [step]
         found.append(CheckpointRead(
             step=step, uri=f"{scheme}://{path}" if scheme != "file" else f"file://{path}",
-            time=_modified(marker), num_bytes=sum(int(f.get("size") or 0) for f in files.values()),
+            time=time, num_bytes=num_bytes, kind=markers[step].kind, parent_step=markers[step].parent,
+            base_step=chain[0], chain_num_bytes=sum(folders[s][2] for s in chain),
         ))
     return sorted(found, key=lambda c: c.step)
