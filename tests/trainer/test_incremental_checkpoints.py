@@ -19,6 +19,7 @@ from tests.trainer.conftest import REPO, run_trainer, tiny_config, trainer_env, 
 # Saves every 5 steps: full at 5, deltas at 10, 15, 20, full at 25, delta at 30 (full_every 4; the size rule off).
 CHAIN = {"every_steps": 5, "incremental": True, "full_every": 4, "max_chain_share": 100, "keep": 10}
 STEPS = 30
+RUN_TIMEOUT_S = 600  # seconds on a quiet machine; the limit only stops a hung run
 # Admission counts change on rows other than the ones trained: deltas must carry them too.
 TABLES_WITH_ADMISSION = [
     {"name": "t0", "num_embeddings": 2000, "embedding_dim": 8, "features": ["c0"], "admit_after": 2},
@@ -44,7 +45,7 @@ def uninterrupted(tmp_path_factory) -> list[dict]:
     """The records of a run that is never stopped (its own full checkpoints only at the end)."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
     cfg = chain_config(f"file://{tmp}/ckpt", incremental=False, every_steps=0)
-    code, recs, stderr = run_trainer(write_config(tmp / "c.yaml", cfg))
+    code, recs, stderr = run_trainer(write_config(tmp / "c.yaml", cfg), timeout=RUN_TIMEOUT_S)
     assert code == 0, stderr
     return recs
 
@@ -126,7 +127,7 @@ def test_a_chain_killed_at_any_phase_of_a_delta_resumes_bit_for_bit(request, tmp
     config = write_config(tmp_path / "c.yaml", chain_config(uri))
     run_until_hang(config, phase, **env)
 
-    code, recs, stderr = run_trainer(config, **env)
+    code, recs, stderr = run_trainer(config, **env, timeout=RUN_TIMEOUT_S)
     assert code == 0, stderr
     assert recs[0]["resumed_from"] == f"{uri}/step-{resumes_from}"
     resumed = losses(recs)
@@ -144,12 +145,12 @@ def test_a_chain_loads_on_another_number_of_ranks(tmp_path, ckpt_uri, first, the
     cfg = tiny_config(checkpoint={"uri": ckpt_uri, **CHAIN}, training={"steps": 20},
                       embeddings={"shard_threshold_rows": 500})
     path = write_config(tmp_path / "c.yaml", cfg)
-    code, before, stderr = run_trainer(path, nproc=first)
+    code, before, stderr = run_trainer(path, nproc=first, timeout=RUN_TIMEOUT_S)
     assert code == 0, stderr
     assert [(r["step"], r["kind"]) for r in before if r["event"] == "checkpoint"] == [
         (5, "full"), (10, "delta"), (15, "delta"), (20, "delta")]
     # Resuming at the last step only evaluates: the model rebuilt from the chain gives the same held-out metrics.
-    code, after, stderr = run_trainer(path, nproc=then)
+    code, after, stderr = run_trainer(path, nproc=then, timeout=RUN_TIMEOUT_S)
     assert code == 0, stderr
     assert after[0]["world_size"] == then and after[0]["resumed_from"] == f"{ckpt_uri}/step-20"
     assert after[-1]["eval"] == pytest.approx(before[-1]["eval"], rel=1e-5)
@@ -160,7 +161,7 @@ def test_keep_prunes_whole_chains_and_size_starts_a_new_one(tmp_path, store):
     # Full every 3 saves: 3 F, 6 D, 9 D, 12 F, 15 D, 18 D.
     cfg = chain_config(uri, every_steps=3, full_every=3, keep=2)
     cfg["training"].update(steps=18, log_every=6)
-    code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg), timeout=300, **env)
+    code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg), **env, timeout=RUN_TIMEOUT_S)
     assert code == 0, stderr
     assert [r["kind"] for r in recs if r["event"] == "checkpoint"] == ["full", "delta", "delta"] * 2
     # keep 2: steps 18 and 15 stay restorable, and they need their chain from 12; 3's chain went whole.
@@ -171,7 +172,7 @@ def test_keep_prunes_whole_chains_and_size_starts_a_new_one(tmp_path, store):
     # Deltas adding up to more than max_chain_share of their full checkpoint start a new chain.
     cfg["checkpoint"].update(max_chain_share=0.01)
     cfg["training"]["steps"] = 24
-    code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg), timeout=300, **env)
+    code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg), **env, timeout=RUN_TIMEOUT_S)
     assert code == 0, stderr
     assert recs[0]["resumed_from"] == f"{uri}/step-18"
     assert [(r["step"], r["kind"]) for r in recs if r["event"] == "checkpoint"] == [(21, "full"), (24, "delta")]
@@ -233,7 +234,7 @@ def test_an_export_of_a_delta_equals_one_of_a_full_checkpoint(tmp_path):
         uri = f"file://{tmp_path}/{name}"
         cfg = chain_config(uri, incremental=incremental)
         cfg["training"]["steps"] = 20
-        code, recs, stderr = run_trainer(write_config(tmp_path / f"{name}.yaml", cfg))
+        code, recs, stderr = run_trainer(write_config(tmp_path / f"{name}.yaml", cfg), timeout=RUN_TIMEOUT_S)
         assert code == 0, stderr
         assert recs[-1]["checkpoint"] == f"{uri}/step-20"
         tables[name] = export.read_table(f"{uri}/step-20", "t0")

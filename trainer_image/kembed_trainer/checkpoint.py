@@ -41,6 +41,9 @@ from kembed_trainer.storage import Guard
 __all__ = ["Checkpointer", "SavedCheckpoint"]
 
 _WHERE = "checkpoint.uri"
+# Files each rank writes at once (DCP splits its tensors over them): one S3 upload stream leaves most of the
+# storage's bandwidth unused (docs/benchmarks.md, incremental checkpoints).
+_WRITER_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class SavedCheckpoint:
     blocked_seconds: float = 0.0  # how long training waited (for the copy, and for an earlier save)
     kind: str = runtime.CHECKPOINT_FULL
     parent: int | None = None  # a delta's parent step
+    waited_seconds: float = 0.0  # of blocked_seconds, the wait for an earlier save still in flight
 
 
 class Checkpointer:
@@ -62,6 +66,7 @@ class Checkpointer:
         self.keep = keep
         self.incremental, self.full_every, self.max_chain_share = incremental, full_every, max_chain_share
         self._chain: list[runtime.CheckpointMarker] = []  # the chain the next delta extends (sizes on rank 0)
+        self._waited = 0.0  # how long next_kind waited for a save in flight (part of the next save's stall)
         self.is_main = is_main
         self.fs, self.root = guard.fs(self.uri)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
@@ -99,7 +104,9 @@ class Checkpointer:
     def next_kind(self) -> str:
         """Whether the next save is full or a delta: rank 0 decides for all. Collective; waits for a save in
         flight (its size counts)."""
+        waiting = time.perf_counter()
         self._landed += self._finish()
+        self._waited = time.perf_counter() - waiting
         kind = runtime.CHECKPOINT_FULL
         if self.is_main and self.incremental and self._chain:
             full, deltas = self._chain[0], self._chain[1:]
@@ -123,7 +130,9 @@ class Checkpointer:
         when training stopped for this save (before it built `state`), so the stall reported counts that too.
         """
         start = time.perf_counter() if started is None else started
+        waiting = time.perf_counter()
         self._landed += self._finish()  # one save at a time
+        waited, self._waited = self._waited + time.perf_counter() - waiting, 0.0
         parent = None
         if kind == runtime.CHECKPOINT_DELTA:
             assert self._chain, "a delta needs a checkpoint before it"
@@ -132,7 +141,7 @@ class Checkpointer:
         staged = _copy(state)
         blocked = time.perf_counter() - start
         self._inflight = self._executor.submit(
-            self._write, step, staged, dict(files or {}), start, blocked, kind, parent
+            self._write, step, staged, dict(files or {}), start, (blocked, waited), kind, parent
         )
 
     def poll(self) -> list[SavedCheckpoint]:
@@ -158,8 +167,8 @@ class Checkpointer:
         return [inflight.result()]  # a failed save raises here, in the training thread
 
     def _write(
-        self, step: int, staged: dict[str, Any], files: dict[str, bytes], start: float, blocked: float,
-        kind: str, parent: int | None,
+        self, step: int, staged: dict[str, Any], files: dict[str, bytes], start: float,
+        stalled: tuple[float, float], kind: str, parent: int | None,
     ) -> SavedCheckpoint:
         path = self._checked_step(step, write=True)
         # A partial save of this step from an earlier attempt goes first; here, not in save(), so training does
@@ -175,7 +184,7 @@ class Checkpointer:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.save(
                 staged,
-                storage_writer=FsspecWriter(self.step_uri(step), sync_files=False),
+                storage_writer=FsspecWriter(self.step_uri(step), sync_files=False, thread_count=_WRITER_THREADS),
                 process_group=self._group,
             )
         # dcp.save returns on rank 0 only after every rank's files are written and the metadata with them.
@@ -189,8 +198,9 @@ class Checkpointer:
         self._chain = [*self._chain, marker] if kind == runtime.CHECKPOINT_DELTA else [marker]
         if self.is_main:
             self._prune()
+        blocked, waited = stalled
         return SavedCheckpoint(step, self.step_uri(step), num_bytes, time.perf_counter() - start, blocked,
-                               kind, parent)
+                               kind, parent, waited)
 
     def load_latest(self, state: dict[str, Any], *, optional: tuple[str, ...] = ()) -> int | None:
         """Load the newest step that restores into `state`; its step, or None if none exists.

@@ -315,6 +315,7 @@ class Trainer:
                 num_bytes=saved.num_bytes,
                 seconds=round(saved.seconds, 3),
                 blocked_seconds=round(saved.blocked_seconds, 3),
+                waited_seconds=round(saved.waited_seconds, 3),
                 kind=saved.kind,
                 parent_step=saved.parent,
             )
