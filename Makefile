@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt tests/data-requirements.txt
 demo: install
 	$(BIN)/kembed demo
 
-test: install system-deps cluster-bins
+test: install system-deps cluster-bins images
 	$(BIN)/python -m pytest
 
 # Servers the tests start themselves: PostgreSQL comes from Debian's packages when the machine lacks it, and so
@@ -40,8 +40,8 @@ cluster-bins:
 	bash tests/cluster/build.sh
 
 # Both images built here without a Docker engine (a Debian-made base, buildah, vfs storage) and pushed to a
-# registry on 127.0.0.1, each cached by a hash of its inputs under $(KEMBED_CACHE) (tests/images/build.sh).
-# Not a step of `make test`: a cold build takes ~30 minutes here, most of it the trainer's CUDA torch wheel.
+# registry on 127.0.0.1, each cached by a hash of its inputs under $(KEMBED_CACHE) (tests/images/build.sh). A step
+# of `make test`: the image-mode tests run pods from them. Warm: seconds; cold: see docs/testing.md ("Images").
 images: image-deps
 	bash tests/images/build.sh
 

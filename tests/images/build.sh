@@ -39,6 +39,9 @@ for tool in mmdebstrap buildah runc; do
   command -v "$tool" >/dev/null || { log "$tool missing: apt-get install -y mmdebstrap buildah runc"; exit 1; }
 done
 mkdir -p "$cache/containers" "$cache/images"
+# One build at a time on this machine (test runs of several worktrees may call this at once): the others wait.
+exec 9>"$cache/images/.build.lock"
+flock 9
 
 exists() { bah inspect --type image "$1" >/dev/null 2>&1; }
 
@@ -90,6 +93,14 @@ copied() {  # DOCKERFILE
 }
 mapfile -t platform_inputs < <(copied Dockerfile)
 mapfile -t trainer_inputs < <(copied trainer_image/Dockerfile)
+# The trainer's `deps` stage (torch and the other pins, gigabytes) is its own image, rebuilt only when what it
+# installs can change: the trainer's requirements in pyproject.toml (not the rest of that file), the pins, or that
+# stage's own lines. A change to the trainer's code, the README or the final stage rebuilds the thin final stage.
+trainer_requirements() {
+  python3 -c "import sys, tomllib; p = tomllib.load(open(sys.argv[1], 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['trainer']))" "$repo/pyproject.toml"
+}
+deps_stage() { sed '/^FROM \${DEPS}/,$d' "$repo/trainer_image/Dockerfile"; }
 
 image_tag() {  # NAME INPUTS...
   local name="$1"; shift
@@ -103,12 +114,13 @@ ca_mounts() {
   printf -- '-v\n%s\n' "/etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro"
 }
 
-build_dockerfile() {  # NAME DOCKERFILE TAG
+build_dockerfile() {  # NAME DOCKERFILE TAG [BUD ARGUMENTS...]
   local name="$1" dockerfile="$2" tag="$3" start mounts
+  shift 3
   exists "$tag" && { log "$name $tag cached"; return; }
   start=$(seconds)
   mapfile -t mounts < <(ca_mounts)
-  (cd "$repo" && bah bud --pull=never --layers=false --build-arg "BASE=$base_tag" "${mounts[@]}" \
+  (cd "$repo" && bah bud --pull=never --layers=false --build-arg "BASE=$base_tag" "${mounts[@]}" "$@" \
     -f "$dockerfile" -t "$tag" .)
   log "built $name $tag in $(( $(seconds) - start )) s"
 }
@@ -129,9 +141,14 @@ check_no_build_cas() {  # TAG
 
 case " $images " in *" base "*|*" platform "*|*" trainer "*) build_base ;; esac
 platform_tag=$(image_tag platform "${platform_inputs[@]}")
+trainer_deps_tag="localhost/kembed/trainer-deps:$(printf '%s %s %s %s' "$base_tag" "$(hash_inputs constraints.txt)" \
+  "$(trainer_requirements | sha256sum)" "$(deps_stage | sha256sum)" | sha256sum | cut -c1-16)"
 trainer_tag=$(image_tag trainer "${trainer_inputs[@]}")
 case " $images " in *" platform "*) build_dockerfile platform Dockerfile "$platform_tag"; check_no_build_cas "$platform_tag" ;; esac
-case " $images " in *" trainer "*) build_dockerfile trainer trainer_image/Dockerfile "$trainer_tag"; check_no_build_cas "$trainer_tag" ;; esac
+case " $images " in *" trainer "*)
+  build_dockerfile trainer-deps trainer_image/Dockerfile "$trainer_deps_tag" --target deps
+  build_dockerfile trainer trainer_image/Dockerfile "$trainer_tag" --build-arg "DEPS=$trainer_deps_tag"
+  check_no_build_cas "$trainer_tag" ;; esac
 
 # ---- the registry on 127.0.0.1 ----------------------------------------------------------------------------------------
 # distribution's registry from its Go module (no replace directives: a plain `go install`), cached like the
@@ -167,7 +184,9 @@ push_all() {  # TAG...: to a registry started on a free port for the push, stopp
       log "$ref already in the registry"; continue
     fi
     start=$(seconds)
-    bah push --tls-verify=false "$tag" "docker://127.0.0.1:$port/${tag#localhost/}" >/dev/null
+    # Uncompressed: gzip of the trainer's 5 GB took ~11 of a cold run's minutes on one core, for a registry whose
+    # only clients pull over the loopback (tests/cluster/oci.py reads plain, gzip and zstd layers).
+    bah push --disable-compression --tls-verify=false "$tag" "docker://127.0.0.1:$port/${tag#localhost/}" >/dev/null
     log "pushed ${tag#localhost/} in $(( $(seconds) - start )) s"
   done
   kill "$pid"; wait "$pid" 2>/dev/null || true
@@ -178,9 +197,24 @@ built=()
 for tag in $platform_tag $trainer_tag; do exists "$tag" && built+=("$tag"); done
 [[ ${#built[@]} -gt 0 ]] && push_all "${built[@]}"
 
+# vfs storage keeps every image whole (the trainer: 5 GB each), so the builds of older inputs go once a newer one
+# is here; a worktree that still needs one rebuilds it (for the trainer, only its thin code stage).
+prune() {  # NAME CURRENT-TAG
+  local other
+  exists "$2" || return 0
+  for other in $(bah images --format '{{.Name}}:{{.Tag}}' --filter "reference=localhost/kembed/$1" 2>/dev/null); do
+    [[ "${other%:*}" == "localhost/kembed/$1" && "$other" != "$2" ]] && { bah rmi "$other" >/dev/null 2>&1 && log "removed $other (older inputs)"; } || true
+  done
+}
+prune platform "$platform_tag"
+prune trainer "$trainer_tag"
+prune trainer-deps "$trainer_deps_tag"
+
 # What the tests read: the tags of this tree's images (the registry's repository is the tag without localhost/).
-printf '{"base": "%s", "platform": "%s", "trainer": "%s"}\n' "$base_tag" "$platform_tag" "$trainer_tag" \
-  > "$cache/images/tags.json"
+tags_json=$(printf '{"base": "%s", "platform": "%s", "trainer": "%s"}' "$base_tag" "$platform_tag" "$trainer_tag")
+printf '%s\n' "$tags_json" > "$cache/images/tags.json"
 for tag in $base_tag $platform_tag $trainer_tag; do
   if exists "$tag"; then log "$(bah images --format '{{.Name}}:{{.Tag}} {{.Size}}' "$tag")"; fi
 done
+# The last line of stdout: the tags, for tests/images/registry.py (tags.json is the last run of any tree).
+printf '%s\n' "$tags_json"
