@@ -3,4 +3,5 @@
 pytest_plugins = [
     "tests.fixtures.servers",
     "tests.cluster.fixture",
+    "tests.images.registry",
 ]

@@ -28,6 +28,7 @@ import sys
 import time
 import urllib.request
 
+from tests.cluster import oci
 from tests.cluster import pki as pki_mod
 
 __all__ = [
@@ -712,6 +713,10 @@ def stop_run_dir(run_dir: pathlib.Path) -> None:
         # (or one of its volumes), which tells it from an unrelated process that got the same id later.
         if any(_belongs_to(pid, run_dir) for pid in _group_members(pgid)):
             end_process_group(pgid, grace_s=2.0)
+    # Image-mode containers of a kubelet that died: runc deletes them (killing what is left); their root
+    # filesystems are overlay mounts in the run dir, which must go before the run dir can be removed.
+    oci.delete_all(run_dir / "kubelet" / "runc")
+    oci.unmount_all(run_dir)
     state["pgids"] = {}
     state_file.write_text(json.dumps(state, indent=2))
 

@@ -6,8 +6,16 @@ codes go back to the pod status; logs go to files that the API server reads thro
 endpoint (`kubectl logs`, read_namespaced_pod_log). Deleting a pod sends SIGTERM to its process groups,
 SIGKILL after the grace period, then removes the pod, as a real kubelet does.
 
-What differs from a real kubelet, because there are no images and no network namespaces here:
-- Commands: the image is ignored. `python`, `python3`, `python3.X` (bare or as any absolute path) run this
+Two ways to run a container, chosen by its image reference:
+- Image mode, for an image on a registry of this machine (`127.0.0.1:PORT/...`, see tests/images/registry.py): the
+  image is pulled (ErrImagePull / ImagePullBackOff while it cannot be, with the registry's reason), its layers are
+  unpacked once into a cache shared by all runs, and the container runs with runc from the image: its entrypoint,
+  user, environment and PATH, the pod's command/args/env, volumes bind-mounted at their mountPath, the pod's
+  securityContext user, host network (tests/cluster/oci.py).
+- Process mode, for every other image name (fast, for tests that need no image): described below.
+
+What differs from a real kubelet, because there are no network namespaces here (and no images in process mode):
+- Commands (process mode): the image is ignored. `python`, `python3`, `python3.X` (bare or as any absolute path) run this
   kubelet's own interpreter (the repo's venv); other bare names, e.g. `torchrun`, are looked up first in the
   venv's bin directory (it leads PATH). A container without `command` cannot run (there is no image
   entrypoint).
@@ -15,9 +23,10 @@ What differs from a real kubelet, because there are no images and no network nam
   with `.<namespace>`) for the pod's own `spec.subdomain`, is rewritten to 127.0.0.1 in command, args, env
   values and ConfigMap/Secret file contents. Ports are kept, so a test serves `svc:PORT` on 127.0.0.1:PORT.
 - Volumes: configMap, secret, emptyDir, downwardAPI and projected (configMap, secret, downwardAPI,
-  serviceAccountToken) volumes are written under <state-dir>/pods/<uid>/volumes/<name>/; each volumeMount's
-  mountPath is rewritten to that directory wherever it appears in command, args, env values and workingDir.
+  serviceAccountToken) volumes are written under <state-dir>/pods/<uid>/volumes/<name>/; in process mode each
+  volumeMount's mountPath is rewritten to that directory wherever it appears in command, args, env values and workingDir.
   The directory of each mount is also exported as KEMBED_MOUNT_<NAME> (name upper-cased, `-` -> `_`).
+- Restarts: a container waiting for its restart back-off shows CrashLoopBackOff with its last termination.
 - Networking: pods share the host network. The pod gets hostIP 127.0.0.1 and no podIP (Endpoint validation
   refuses loopback addresses); a downward-API `status.podIP` resolves to 127.0.0.1.
 - In-cluster clients: KUBERNETES_SERVICE_HOST/PORT point at the API server on 127.0.0.1.
@@ -46,9 +55,15 @@ import urllib.parse
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from tests.cluster import oci
+
 log = logging.getLogger("kembed.test-kubelet")
 
 LEASE_DURATION_S = 40
+# A failed pull is retried after this back-off, doubled up to the cap (a real kubelet: 10 s to 300 s; shorter here,
+# so that a test's image that appears late is picked up soon).
+PULL_BACKOFF_S, PULL_BACKOFF_MAX_S = 5.0, 40.0
+DEFAULT_IMAGE_CACHE = pathlib.Path(os.environ.get("KEMBED_CACHE", pathlib.Path.home() / ".cache" / "kembed")) / "oci"
 HEARTBEAT_INTERVAL_S = 10
 VENV_BIN = pathlib.Path(sys.executable).parent
 PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
@@ -157,6 +172,8 @@ class ContainerRun:
         self.restart_count = 0
         self.last_terminated: dict | None = None
         self.waiting_reason = "ContainerCreating"
+        self.waiting_message: str | None = None
+        self.backing_off = False
 
     @property
     def name(self) -> str:
@@ -205,9 +222,22 @@ class ContainerRun:
             }
         }
 
+    @property
+    def container_id(self) -> str | None:
+        return f"kembed-local://{self.process.pid}" if self.process else None
+
+    @property
+    def image_id(self) -> str:
+        return ""
+
     def status(self) -> dict:
-        if self.process is None:
+        if self.backing_off:  # exited, waiting for its restart: the termination moves to lastState
+            state = {"waiting": {"reason": "CrashLoopBackOff",
+                                 "message": f"back-off restarting failed container {self.name}"}}
+        elif self.process is None:
             state = {"waiting": {"reason": self.waiting_reason}}
+            if self.waiting_message:
+                state["waiting"]["message"] = self.waiting_message
         elif self.exit_code is None:
             state = {"running": {"startedAt": self.started_at}}
         else:
@@ -216,16 +246,136 @@ class ContainerRun:
         status = {
             "name": self.name,
             "image": self.spec.get("image", ""),
-            "imageID": "",
+            "imageID": self.image_id,
             "ready": running,
             "started": running,
             "restartCount": self.restart_count,
             "state": state,
-            "containerID": f"kembed-local://{self.process.pid}" if self.process else None,
+            "containerID": self.container_id,
         }
-        if self.last_terminated:
+        if self.backing_off:
+            status["lastState"] = self.terminated_state()
+        elif self.last_terminated:
             status["lastState"] = self.last_terminated
         return {k: v for k, v in status.items() if v is not None}
+
+
+class OciContainerRun(ContainerRun):
+    """A container of an image (image mode): `runc run` in the foreground on a bundle of its own.
+
+    The pid file holds the container's init process as the host sees it: SIGKILL to it ends the container's whole
+    pid namespace, as a runtime's kill does (`pgid_path` is the pid file here). The terminationMessagePath is a
+    file of the pod's, mounted writable, read into the terminated state as a real kubelet does."""
+
+    TERMINATION_MESSAGE_LIMIT = 4096  # bytes, as Kubernetes caps it
+
+    def __init__(self, spec: dict, *, env: dict[str, str], rewrite, mounts: list[dict], bundle: pathlib.Path,
+                 runc_root: pathlib.Path, container_id: str, pod: dict, log_path: pathlib.Path,
+                 pid_path: pathlib.Path):
+        super().__init__(spec, [], env, "", log_path, pid_path)
+        self.rewrite, self.bundle, self.runc_root, self.id, self.pod = rewrite, bundle, runc_root, container_id, pod
+        self.termination_log = bundle.parent / f"{spec['name']}.termination-log"
+        path = spec.get("terminationMessagePath") or "/dev/termination-log"
+        self.mounts = [*mounts, oci.bind_mount(self.termination_log, path, readonly=False)]
+        self.image: oci.Image | None = None
+        self.termination_message = ""
+
+    def terminated_state(self) -> dict:
+        state = super().terminated_state()
+        if self.termination_message:
+            state["terminated"]["message"] = self.termination_message
+        return state
+
+    def _read_termination_message(self) -> str:
+        with contextlib.suppress(OSError):
+            message = self.termination_log.read_bytes()[: self.TERMINATION_MESSAGE_LIMIT]
+            if message.strip():
+                return message.decode(errors="replace")
+        if self.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError" and self.exit_code:
+            with contextlib.suppress(OSError):
+                return self.log_path.read_bytes()[-self.TERMINATION_MESSAGE_LIMIT:].decode(errors="replace")
+        return ""
+
+    @property
+    def container_id(self) -> str | None:
+        return f"runc://{self.id}" if self.process else None
+
+    @property
+    def image_id(self) -> str:
+        if self.image is None:
+            return ""
+        reference = oci.Reference.parse(self.spec["image"])
+        return f"{reference.registry}/{reference.repository}@{self.image.digest}"
+
+    def _process_config(self, rootfs: pathlib.Path) -> dict:
+        """The runtime config from the image config and the pod spec (Kubernetes' rules: `command` replaces the
+        entrypoint and drops the image's CMD; `args` replaces CMD)."""
+        image = self.image.config
+        pod_security = self.pod["spec"].get("securityContext") or {}
+        security = {**pod_security, **(self.spec.get("securityContext") or {})}
+        uid, gid, home = oci.resolve_user(rootfs, image.get("User", ""), security.get("runAsUser"),
+                                          security.get("runAsGroup"))
+        if security.get("runAsNonRoot") and uid == 0:
+            raise ValueError("container has runAsNonRoot and the image will run as root")
+        env = dict(item.split("=", 1) for item in image.get("Env") or [])
+        env.setdefault("HOME", home)
+        env.update(self.env)
+        command = self.spec.get("command")
+        args = self.spec.get("args")
+        argv = [*(command or image.get("Entrypoint") or []),
+                *(args if args is not None else [] if command else image.get("Cmd") or [])]
+        argv = [self.rewrite(expand_references(a, env)) for a in argv]
+        if not argv:
+            raise ValueError(f"container {self.name!r}: neither the pod nor the image names a command")
+        groups = [*pod_security.get("supplementalGroups", []),
+                  *([pod_security["fsGroup"]] if "fsGroup" in pod_security else [])]
+        return oci.runtime_config(
+            args=argv, env=env, cwd=self.spec.get("workingDir") or image.get("WorkingDir") or "/", uid=uid,
+            gid=gid, supplemental_groups=groups, hostname=env.get("HOSTNAME", self.pod["metadata"]["name"]),
+            rootfs=rootfs, readonly_rootfs=bool(security.get("readOnlyRootFilesystem")), mounts=self.mounts)
+
+    def start(self) -> None:
+        if self.exit_code is not None:
+            self.last_terminated = self.terminated_state()
+            self.restart_count += 1
+        self.exit_code = self.finished_at = None
+        self.pgid_path.unlink(missing_ok=True)
+        self.termination_log.parent.mkdir(parents=True, exist_ok=True)
+        self.termination_log.write_bytes(b"")
+        self.termination_log.chmod(0o666)  # whatever user the container runs as writes it
+        self.termination_message = ""
+        rootfs = oci.mount_rootfs(self.image, self.bundle)  # a fresh writable layer for every start
+        try:
+            (self.bundle / "config.json").write_text(json.dumps(self._process_config(rootfs)))
+        except Exception:
+            oci.unmount_rootfs(self.bundle)
+            raise
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen(
+                ["runc", "--root", str(self.runc_root), "run", "--bundle", str(self.bundle),
+                 "--pid-file", str(self.pgid_path), self.id],
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        self.started_at = now()
+
+    def wait(self) -> int:
+        # runc's own status is the container's: its exit code, 128+N when a signal N ended it.
+        self.exit_code = self.process.wait()
+        self.finished_at = now()
+        self.pgid_path.unlink(missing_ok=True)
+        self.termination_message = self._read_termination_message()
+        oci.unmount_rootfs(self.bundle)
+        return self.exit_code
+
+    def signal(self, signum: int) -> None:
+        if self.process is None or self.exit_code is not None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(self.pgid_path.read_text()), signum)
+            return
+        # Not started far enough to have written its pid: ask runc (the container may not exist yet either).
+        subprocess.run(["runc", "--root", str(self.runc_root), "kill", self.id, str(signum)],
+                       capture_output=True, check=False)
 
 
 class PodWorker(threading.Thread):
@@ -344,7 +494,9 @@ class PodWorker(threading.Thread):
                     (directory / source["serviceAccountToken"]["path"]).write_bytes(
                         self._service_account_token(source["serviceAccountToken"])
                     )
-        elif "emptyDir" not in volume:
+        elif "emptyDir" in volume:
+            directory.chmod(0o777)  # as a real kubelet makes it: writable by whatever user the container runs as
+        else:
             raise ValueError(
                 f"volume {volume['name']!r}: only configMap, secret, emptyDir, downwardAPI and projected "
                 "volumes run locally"
@@ -358,12 +510,16 @@ class PodWorker(threading.Thread):
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(field_value(self.pod, item["fieldRef"]["fieldPath"]))
 
-    def _container_env(self, container: dict, rewrite_text) -> dict[str, str]:
+    def _container_env(self, container: dict, rewrite_text, in_image: bool) -> dict[str, str]:
+        """The container's environment; in image mode, what the image's own environment is overlaid with."""
         spec = self.pod["spec"]
-        env = {
+        local = {
             "PATH": os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", "/usr/bin:/bin")]),
             "HOME": os.path.expanduser("~"),
             "LANG": "C.UTF-8",
+        }
+        env = {
+            **({} if in_image else local),
             "HOSTNAME": spec.get("hostname") or self.pod["metadata"]["name"],
             "KUBERNETES_SERVICE_HOST": "127.0.0.1",
             "KUBERNETES_SERVICE_PORT": str(self.kubelet.api_port),
@@ -436,6 +592,9 @@ class PodWorker(threading.Thread):
         volumes = {v["name"]: self._materialize_volume(v, rewrite_dns) for v in spec.get("volumes", [])}
         for group, target in (("initContainers", self.init_runs), ("containers", self.runs)):
             for container in spec.get(group, []):
+                if oci.Reference.parse(container.get("image", "")):
+                    target.append(self._image_container(container, volumes, rewrite_dns))
+                    continue
                 mounts = {}
                 for mount in container.get("volumeMounts", []):
                     local = volumes[mount["name"]] / mount.get("subPath", "")
@@ -445,7 +604,7 @@ class PodWorker(threading.Thread):
                 def rewrite(text: str, rewrite_paths=rewrite_paths) -> str:
                     return rewrite_paths(rewrite_dns(text))
 
-                env = self._container_env(container, rewrite)
+                env = self._container_env(container, rewrite, in_image=False)
                 for mount_path, local in mounts.items():
                     key = re.sub(r"\W", "_", pathlib.PurePath(mount_path).name or "root").upper()
                     env[f"KEMBED_MOUNT_{key}"] = str(local)
@@ -470,6 +629,57 @@ class PodWorker(threading.Thread):
                         self.dir / f"{name}.pgid",
                     )
                 )
+
+    def _image_container(self, container: dict, volumes: dict[str, pathlib.Path], rewrite_dns) -> OciContainerRun:
+        """Image mode: volumes bind-mounted where the pod mounts them, the pod's hostname in its /etc/hosts."""
+        name = container["name"]
+        hostname = self.pod["spec"].get("hostname") or self.pod["metadata"]["name"]
+        hosts = self.dir / "etc-hosts"
+        hosts.write_text(f"127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+        mounts = [oci.bind_mount(hosts, "/etc/hosts", readonly=True),
+                  oci.bind_mount(pathlib.Path("/etc/resolv.conf"), "/etc/resolv.conf", readonly=True)]
+        for mount in container.get("volumeMounts", []):
+            source = volumes[mount["name"]] / mount.get("subPath", "")
+            mounts.append(oci.bind_mount(source, mount["mountPath"], readonly=bool(mount.get("readOnly"))))
+        return OciContainerRun(
+            container, env=self._container_env(container, rewrite_dns, in_image=True), rewrite=rewrite_dns,
+            mounts=mounts,
+            bundle=self.dir / "bundles" / name, runc_root=self.kubelet.state_dir / "runc",
+            # runc's ids are global to its root: the pod's uid keeps them apart
+            container_id=f"{self.uid}-{name}", pod=self.pod,
+            log_path=self.dir / "logs" / f"{name}.log", pid_path=self.dir / f"{name}.pid")
+
+    def _pull_until_ready(self) -> bool:
+        """Pulls every image-mode container's image. While one cannot be pulled, its container waits with
+        ErrImagePull (the registry's reason in the message), then ImagePullBackOff until the next try, as a real
+        kubelet reports it; the pod stays Pending. False when the pod is stopped meanwhile."""
+        backoff_s = PULL_BACKOFF_S
+        for run in [*self.init_runs, *self.runs]:
+            if not isinstance(run, OciContainerRun):
+                continue
+            while not self.stopping.is_set():
+                started = time.monotonic()
+                try:
+                    run.image = self.kubelet.images.pull(run.spec["image"])
+                except oci.ImagePullError as error:
+                    log.warning("pulling %s for %s: %s", run.spec["image"], self.name, error)
+                    run.waiting_reason, run.waiting_message = "ErrImagePull", str(error)
+                    self.push_status()
+                    if self.stopping.wait(1.0):
+                        return False
+                    run.waiting_reason = "ImagePullBackOff"
+                    run.waiting_message = f"Back-off pulling image {run.spec['image']!r}: {error}"
+                    self.push_status()
+                    self.stopping.wait(backoff_s)
+                    backoff_s = min(backoff_s * 2, PULL_BACKOFF_MAX_S)
+                    continue
+                log.info("pulled %s (%s) for %s in %.1f s", run.spec["image"], run.image.digest, self.name,
+                         time.monotonic() - started)
+                run.waiting_reason, run.waiting_message = "ContainerCreating", None
+                break
+        if not self.stopping.is_set():
+            self.push_status()
+        return not self.stopping.is_set()
 
     # -- status --
     def _status(self) -> dict:
@@ -515,7 +725,7 @@ class PodWorker(threading.Thread):
 
     # -- running --
     def run(self) -> None:
-        if not self._prepare_until_ready():
+        if not self._prepare_until_ready() or not self._pull_until_ready():
             if self.stopping.is_set():
                 self.kubelet.finish_deletion(self.pod)
             return
@@ -524,7 +734,8 @@ class PodWorker(threading.Thread):
         for run in self.init_runs:
             if self.stopping.is_set():
                 break
-            run.start()
+            if not self._start(run):
+                break
             self.push_status()
             if run.wait() != 0:
                 self.message = f"init container {run.name} exited with {run.exit_code}"
@@ -553,14 +764,35 @@ class PodWorker(threading.Thread):
         policy = self.pod["spec"].get("restartPolicy", "Always")
         backoff_s = 1.0
         while True:
-            run.start()
+            if not self._start(run):
+                return
             self.push_status()
             code = run.wait()
             self.push_status()
             restart = policy == "Always" or (policy == "OnFailure" and code != 0)
-            if not restart or self.stopping.wait(backoff_s):
+            if not restart or self.stopping.is_set():
+                return
+            run.backing_off = code != 0
+            if run.backing_off:
+                self.push_status()
+            stopped = self.stopping.wait(backoff_s)
+            run.backing_off = False
+            if stopped:
                 return
             backoff_s = min(backoff_s * 2, 30.0)
+
+    def _start(self, run: ContainerRun) -> bool:
+        """Starts the container; one that cannot be created (a runtime config this pod cannot have, a runc
+        error) fails the pod with CreateContainerError and the reason, instead of leaving it waiting."""
+        try:
+            run.start()
+            return True
+        except Exception as error:
+            log.exception("creating container %s of %s", run.name, self.name)
+            run.waiting_reason, run.waiting_message = "CreateContainerError", str(error)
+            self.message = f"container {run.name}: {error}"
+            self.push_status()
+            return False
 
     def stop(self, grace_s: float) -> None:
         """SIGTERM to every container's process group; SIGKILL what is left after the grace period."""
@@ -601,6 +833,7 @@ class Kubelet:
         self.workers: dict[str, PodWorker] = {}
         self.workers_lock = threading.Lock()
         self.shutting_down = threading.Event()
+        self.images = oci.ImageStore(pathlib.Path(args.image_cache))
 
     # -- node --
     def _capacity(self) -> dict[str, str]:
@@ -825,6 +1058,11 @@ class Kubelet:
         for worker in workers:
             for run in [*worker.init_runs, *worker.runs]:
                 run.signal(signal.SIGKILL)
+        runs = [r for w in workers for r in [*w.init_runs, *w.runs] if r.process]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            for run in runs:  # runc returns once its container is gone; then its root filesystem can go too
+                run.process.wait(timeout=2)
+        oci.unmount_all(self.state_dir)
         os._exit(0)
 
 
@@ -912,6 +1150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serving-cert", required=True)
     parser.add_argument("--serving-key", required=True)
     parser.add_argument("--client-ca", required=True)
+    parser.add_argument("--image-cache", default=str(DEFAULT_IMAGE_CACHE),
+                        help="unpacked image layers, shared by every run (image mode)")
     parser.add_argument("--label", action="append", default=[], help="KEY=VALUE node label")
     parser.add_argument("--taint", action="append", default=[], help="KEY=VALUE:EFFECT node taint")
     parser.add_argument(
