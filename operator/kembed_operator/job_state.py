@@ -197,8 +197,13 @@ def decide(*, spec: EmbeddingJobSpec, status: dict[str, Any], generation: int, b
             plan.status["startTime"] = ctx.now_text
         ctx.set_condition(plan, "PodsReady", True, "GangRunning", f"{len(running)}/{spec.resources.nodes} running")
     elif phase != JobState.RUNNING:
-        ctx.set_condition(plan, "PodsReady", False, "Waiting",
-                          f"{len(running)}/{spec.resources.nodes} pods of attempt {attempt} running")
+        pulling = next((p for p in attempt_pods if p.image_pull_failure), None)
+        if pulling is not None:  # said at once, not only when image_pull_timeout_s fails the job
+            ctx.set_condition(plan, "PodsReady", False, pulling.image_pull_failure,
+                              f"pod {pulling.name}: {pulling.image_pull_message}".rstrip(": "))
+        else:
+            ctx.set_condition(plan, "PodsReady", False, "Waiting",
+                              f"{len(running)}/{spec.resources.nodes} pods of attempt {attempt} running")
     return plan
 
 

@@ -96,7 +96,10 @@ class OperatorSettings(BaseSettings):
         300, gt=0, description="A pod unschedulable for this long fails the job (reason Unschedulable)."
     )
     image_pull_timeout_s: float = Field(
-        120, gt=0, description="A pod that cannot pull its image for this long fails the job (ImagePullFailed)."
+        45, gt=0, description="A pod that cannot pull its image for this long fails the job (ImagePullFailed); "
+        "until then the job's PodsReady condition names the pull error. A slow pull is no failure (the pod shows "
+        "ContainerCreating); a registry error is retried by the kubelet for this long, so the job's status says "
+        "why within a minute."
     )
     rendezvous_timeout_s: float = Field(
         600,

@@ -120,6 +120,23 @@ def test_an_unschedulable_pod_fails_the_job_only_after_the_time_out():
     assert late.status["reason"] == "Unschedulable" and "Insufficient nvidia.com/gpu" in late.status["message"]
 
 
+def test_an_image_pull_error_is_in_the_jobs_status_at_once_and_fails_it_after_the_time_out():
+    pulling = pod(1, "Pending", image_pull_failure="ImagePullBackOff",
+                  image_pull_message="Back-off pulling image: manifest unknown")
+    admitted = {**RUNNING, "phase": "ADMITTED", "attemptStartTime": "2026-01-01T12:00:00Z"}
+    early = decide(spec=spec(), status=admitted, generation=1, batch_job=job(), pods=[pod(0), pulling],
+                   now=NOW + datetime.timedelta(seconds=2), settings=SETTINGS)
+    assert "phase" not in early.status
+    ready = next(c for c in early.status["conditions"] if c["type"] == "PodsReady")
+    assert (ready["status"], ready["reason"]) == ("False", "ImagePullBackOff")
+    assert ready["message"] == "pod j-1: Back-off pulling image: manifest unknown"
+    late = decide(spec=spec(), status=admitted, generation=1, batch_job=job(), pods=[pod(0), pulling],
+                  now=NOW + datetime.timedelta(seconds=SETTINGS.image_pull_timeout_s), settings=SETTINGS)
+    assert (late.status["phase"], late.status["reason"]) == ("FAILED", "ImagePullFailed")
+    assert "manifest unknown" in late.status["message"]
+    assert SETTINGS.image_pull_timeout_s <= 60, "the job's status must say why within a minute"
+
+
 def test_a_gang_that_ran_is_never_restarted_for_a_rendezvous_time_out():
     long_ago = {**RUNNING, "attemptStartTime": "2026-01-01T10:00:00Z"}
     plan = decide(spec=spec(), status=long_ago, generation=1, batch_job=job(),
