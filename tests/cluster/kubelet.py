@@ -661,8 +661,11 @@ class PodWorker(threading.Thread):
                 started = time.monotonic()
                 try:
                     run.image = self.kubelet.images.pull(run.spec["image"])
-                except oci.ImagePullError as error:
-                    log.warning("pulling %s for %s: %s", run.spec["image"], self.name, error)
+                except Exception as error:  # ImagePullError, or anything else that stops this pull: say so
+                    if isinstance(error, oci.ImagePullError):
+                        log.warning("pulling %s for %s: %s", run.spec["image"], self.name, error)
+                    else:
+                        log.exception("pulling %s for %s", run.spec["image"], self.name)
                     run.waiting_reason, run.waiting_message = "ErrImagePull", str(error)
                     self.push_status()
                     if self.stopping.wait(1.0):

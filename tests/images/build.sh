@@ -123,9 +123,11 @@ build_dockerfile() {  # NAME DOCKERFILE TAG [BUD ARGUMENTS...]
   (cd "$repo" && bah bud --pull=never --layers=false --build-arg "BASE=$base_tag" "${mounts[@]}" "$@" \
     -f "$dockerfile" -t "$tag" .)
   log "built $name $tag in $(( $(seconds) - start )) s"
+  [[ "$name" == *-deps ]] || check_no_build_cas "$tag"
 }
 
-# The image's CA bundles must be the base's: the machine's own CAs were only mounted during the build.
+# The image's CA bundles must be the base's: the machine's own CAs were only mounted during the build. Checked once,
+# right after a build (vfs copies a whole image into each working container: a minute or more for the trainer).
 check_no_build_cas() {  # TAG
   local c mnt bc base_mnt file
   c=$(bah from --pull=never "$1"); mnt=$(bah mount "$c")
@@ -144,11 +146,10 @@ platform_tag=$(image_tag platform "${platform_inputs[@]}")
 trainer_deps_tag="localhost/kembed/trainer-deps:$(printf '%s %s %s %s' "$base_tag" "$(hash_inputs constraints.txt)" \
   "$(trainer_requirements | sha256sum)" "$(deps_stage | sha256sum)" | sha256sum | cut -c1-16)"
 trainer_tag=$(image_tag trainer "${trainer_inputs[@]}")
-case " $images " in *" platform "*) build_dockerfile platform Dockerfile "$platform_tag"; check_no_build_cas "$platform_tag" ;; esac
+case " $images " in *" platform "*) build_dockerfile platform Dockerfile "$platform_tag" ;; esac
 case " $images " in *" trainer "*)
   build_dockerfile trainer-deps trainer_image/Dockerfile "$trainer_deps_tag" --target deps
-  build_dockerfile trainer trainer_image/Dockerfile "$trainer_tag" --build-arg "DEPS=$trainer_deps_tag"
-  check_no_build_cas "$trainer_tag" ;; esac
+  build_dockerfile trainer trainer_image/Dockerfile "$trainer_tag" --build-arg "DEPS=$trainer_deps_tag" ;; esac
 
 # ---- the registry on 127.0.0.1 ----------------------------------------------------------------------------------------
 # distribution's registry from its Go module (no replace directives: a plain `go install`), cached like the
