@@ -1,4 +1,7 @@
-"""One real gang on the test kubelet's local node: trains, checkpoints to S3 (moto), loses a pod, resumes, succeeds."""
+"""Real trainers on the test kubelet's local node. The gang runs in the real trainer image (`make images`, pulled
+from the local registry and run with runc): it trains, checkpoints to S3 (moto), loses a pod, resumes, succeeds; an
+image that cannot be pulled and a trainer that crashes at start fail their jobs with the reason. The one-node job
+tests the operator's manifests, not the image: its trainer runs as local processes (the kubelet's fast mode)."""
 
 from __future__ import annotations
 
@@ -9,8 +12,10 @@ import socket
 
 import pytest
 
+from kembed_operator.settings import OperatorSettings
 from tests.cluster import controlplane
 from tests.cluster.fixture import Cluster, wait_for
+from tests.images.registry import prepull
 from tests.operator import harness
 from tests.operator.harness import JobBuilder, job_pods, wait_phase
 
@@ -28,30 +33,54 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def local_operator(platform: Cluster, s3_server, tmp_path):
-    process = harness.OperatorProcess(
+def _local_operator(platform: Cluster, s3_server, tmp_path, **settings):
+    """An operator whose trainers run on the local node."""
+    return harness.OperatorProcess(
         platform, tmp_path, name="e2e-operator",
         trainer_node_selector={controlplane.LOCAL_NODE_LABEL: "true"},
         trainer_tolerations=[{"key": controlplane.LOCAL_NODE_TAINT_KEY, "operator": "Exists",
                               "effect": "NoSchedule"}],
-        s3_endpoint_url=s3_server.endpoint_url, rendezvous_port=_free_port(), rendezvous_timeout_s=120,
+        s3_endpoint_url=s3_server.endpoint_url, rendezvous_port=_free_port(), rendezvous_timeout_s=120, **settings,
     ).start()
+
+
+@pytest.fixture
+def local_operator(platform: Cluster, s3_server, tmp_path):
+    """Trainers as local processes (no image)."""
+    process = _local_operator(platform, s3_server, tmp_path)
+    yield process
+    process.stop()
+    assert not process.forbidden_lines(), process.forbidden_lines()
+
+
+@pytest.fixture
+def image_operator(platform: Cluster, s3_server, images, tmp_path):
+    """Trainers in this tree's trainer image (pre-pulled onto the node, as a platform team does with big images),
+    with the product's own image pull time-out."""
+    prepull(platform, images.trainer)
+    process = _local_operator(platform, s3_server, tmp_path, trainer_image=images.trainer,
+                              image_pull_timeout_s=OperatorSettings().image_pull_timeout_s)
     yield process
     process.stop()
     assert not process.forbidden_lines(), process.forbidden_lines()
 
 
 def _kill_pod_processes(cluster: Cluster, pod) -> None:
-    """What a node failure or an OOM kill does: every process of the pod gets SIGKILL (exit 137)."""
-    pgid_files = list((cluster.run_dir / "kubelet" / "pods" / pod.metadata.uid).glob("*.pgid"))
-    assert pgid_files, f"no running process recorded for pod {pod.metadata.name}"
+    """What a node failure or an OOM kill does: every process of the pod gets SIGKILL (exit 137). The kubelet
+    records a process group per container (process mode) or the container's init process (image mode: killing it
+    ends the container's pid namespace)."""
+    pod_dir = cluster.run_dir / "kubelet" / "pods" / pod.metadata.uid
+    pgid_files, pid_files = list(pod_dir.glob("*.pgid")), list(pod_dir.glob("*.pid"))
+    assert pgid_files or pid_files, f"no running process recorded for pod {pod.metadata.name}"
     for pgid_file in pgid_files:
         os.killpg(int(pgid_file.read_text()), signal.SIGKILL)
+    for pid_file in pid_files:
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
-def test_a_two_node_cpu_gang_survives_a_killed_pod_and_resumes_from_its_s3_checkpoint(platform: Cluster, s3_server,
-                                                                                       local_operator, make_tenant):
+@pytest.mark.images
+def test_a_two_node_cpu_gang_in_the_trainer_image_survives_a_killed_pod_and_resumes_from_its_s3_checkpoint(
+        platform: Cluster, s3_server, image_operator, make_tenant):
     s3_server.create_bucket("kembed-test")
     tenant, namespace = make_tenant()
     job = (JobBuilder("e2e").nodes(2).cpu_only(procs_per_node=1, cpu=1, memory="2Gi").max_restarts(2)
@@ -108,3 +137,32 @@ def test_a_one_node_job_trains_from_the_files_in_its_pod_annotations(platform: C
     assert done["lastCheckpoint"]["uri"] == f"s3://kembed-test/{tenant}/{job}/step-20"
     assert not platform.core().list_namespaced_service(namespace).items
     assert not platform.core().list_namespaced_config_map(namespace, label_selector=f"kembed.io/job={job}").items
+
+
+@pytest.mark.images
+def test_an_image_that_cannot_be_pulled_fails_the_job_with_the_reason_within_a_minute(platform: Cluster, images,
+                                                                                      image_operator, make_tenant):
+    tenant, namespace = make_tenant()
+    job = (JobBuilder("nopull").cpu_only(procs_per_node=1, cpu=1, memory="1Gi").image(images.missing("trainer"))
+           .trainer(training={"steps": 10}).create(platform, tenant))
+
+    def pull_error_reported():
+        conditions = harness.job_status(platform, namespace, job).get("conditions") or []
+        ready = next((c for c in conditions if c["type"] == "PodsReady"), {})
+        return ready if ready.get("reason") in ("ErrImagePull", "ImagePullBackOff") else None
+
+    ready = wait_for(pull_error_reported, timeout_s=30, interval_s=0.5, what="the pull error on the job")
+    assert "manifest unknown" in ready["message"], ready
+    done = wait_phase(platform, namespace, job, "FAILED", "SUCCEEDED", timeout_s=60)
+    assert done["reason"] == "ImagePullFailed" and "manifest unknown" in done["message"], done
+
+
+@pytest.mark.images
+def test_a_trainer_that_crashes_at_start_fails_the_job_with_its_exit_code(platform: Cluster, images, image_operator,
+                                                                          make_tenant):
+    """The platform image has no torch: the trainer's launcher dies at its first import."""
+    tenant, namespace = make_tenant()
+    job = (JobBuilder("crash").cpu_only(procs_per_node=1, cpu=1, memory="1Gi").image(images.platform)
+           .max_restarts(0).trainer(training={"steps": 10}).create(platform, tenant))
+    done = wait_phase(platform, namespace, job, "FAILED", "SUCCEEDED", timeout_s=60)
+    assert done["phase"] == "FAILED" and "exit code 1" in done["message"], done
