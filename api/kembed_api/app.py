@@ -87,7 +87,10 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        settings.data_dir.chmod(0o700)  # the database, tokens and logs are the server's alone
+        # The database, tokens and logs are the server's alone. A directory it does not own is one mounted for it
+        # (a Kubernetes emptyDir: root's, mode 0777, private to the pod), which it may not chmod: left as it is.
+        if settings.data_dir.stat().st_uid == os.geteuid():
+            settings.data_dir.chmod(0o700)
         storage = platform_storage(settings)
         upgrade_to_head(settings.resolved_database_url)
         db = Database(settings.resolved_database_url, processes=settings.workers)
