@@ -175,3 +175,24 @@ def test_an_export_reads_no_checkpoint_file_that_leads_outside_the_policy(layout
     (step / planted).unlink()
     (step / planted).write_text("a shard")
     assert exports.find_checkpoint(folder, policy=layout.policy("b")).step == 5
+
+
+def test_an_export_of_a_delta_reads_no_file_of_its_chain_that_leads_outside_the_policy(layout):
+    """A delta is read through its chain: a shard of its full checkpoint that is a symlink refuses the delta too."""
+    from kembed_api.jobs import exports
+    from kembed_trainer import runtime
+
+    job = layout.folder("b") / "job-b"
+    for step, parent in ((5, None), (10, 5)):
+        (job / f"step-{step}").mkdir(parents=True)
+        (job / f"step-{step}" / "__0_0.distcp").write_text("a shard")
+        kind = runtime.CHECKPOINT_FULL if parent is None else runtime.CHECKPOINT_DELTA
+        (job / f"step-{step}" / "COMPLETE").write_bytes(runtime.CheckpointMarker(step, kind, parent, 7).to_bytes())
+    (job / "step-5" / "__0_0.distcp").unlink()
+    (job / "step-5" / "__0_0.distcp").symlink_to(layout.data_dir / "kembed.db")
+    with pytest.raises(exports.NoCheckpoint, match="outside the tenant's storage policy") as refused:
+        exports.find_checkpoint(job.as_uri(), 10, policy=layout.policy("b"))
+    assert SECRET not in str(refused.value) and "kembed.db" not in str(refused.value)
+    (job / "step-5" / "__0_0.distcp").unlink()
+    (job / "step-5" / "__0_0.distcp").write_text("a shard")
+    assert exports.find_checkpoint(job.as_uri(), 10, policy=layout.policy("b")).step == 10

@@ -46,8 +46,10 @@ def find_checkpoint(uri: str | None, step: int | None = None, *, preferred: int 
 
     Every file in it is checked against the tenant's `policy` where it really is: the folder is the tenant's, but
     its trainer wrote it, and a shard that is a symlink to the server's database would otherwise be read (with
-    the server's rights, outside any sandbox) and handed back as embeddings."""
-    found = checkpoints.list_checkpoints(uri) if uri else []
+    the server's rights, outside any sandbox) and handed back as embeddings. A delta is read through its chain,
+    so every folder of the chain is checked."""
+    listed = checkpoints.list_checkpoints(uri) if uri else []
+    found = listed
     if step is None and preferred is not None and any(c.step == preferred for c in found):
         step = preferred
     if step is not None:
@@ -55,11 +57,14 @@ def find_checkpoint(uri: str | None, step: int | None = None, *, preferred: int 
     if not found:
         raise NoCheckpoint("the job has no complete checkpoint yet" if step is None
                            else f"step: the job has no complete checkpoint at step {step}")
+    chosen = found[-1]
+    chain = [c for c in listed if c.base_step == chosen.base_step and c.step <= chosen.step]
     try:
-        Guard(policy).check_tree(found[-1].uri, where=f"checkpoint step {found[-1].step}")
+        for link in chain:
+            Guard(policy).check_tree(link.uri, where=f"checkpoint step {link.step}")
     except (StorageDenied, UriError) as error:
         raise NoCheckpoint(str(error)) from None
-    return found[-1]
+    return chosen
 
 
 def _exporter():
