@@ -44,19 +44,31 @@ def operator(platform, node_pool, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def api(platform, operator, tmp_path_factory):
+def api_server(platform, operator, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("api")
     backend = KubernetesBackend(api_client=platform.api_client())
     app = create_app(Settings(data_dir=data_dir, dispatch_interval_s=0.2, backend="kubernetes"), backend=backend)
     with ThreadedServer(app) as server:
-        admin = bearer((data_dir / "admin-token").read_text().strip())
-        tenant = harness.tenant_name()
-        created = httpx.post(f"{server.url}/v1/tenants", headers=admin,
-                             json={"name": tenant, "quota": {"gpus": 16, "max_running_jobs": 3}})
-        assert created.status_code == 201, created.text
-        token = bearer(httpx.post(f"{server.url}/v1/tenants/{tenant}/tokens", headers=admin,
-                                  json={"name": "t", "role": "member"}).json()["token"])
-        yield server.url, token, tenant
+        yield server.url, bearer((data_dir / "admin-token").read_text().strip())
+
+
+@pytest.fixture
+def api(platform, api_server):
+    """(url, member token, tenant): a tenant of the test's own. A tenant shared by the module's tests let the
+    quota test's cancelled gangs, their pods still terminating, hold the namespace's 16 GPUs when the next test's
+    gang was created (its pods refused by the ResourceQuota: seed 31337)."""
+    url, admin = api_server
+    tenant = harness.tenant_name()
+    created = httpx.post(f"{url}/v1/tenants", headers=admin,
+                         json={"name": tenant, "quota": {"gpus": 16, "max_running_jobs": 3}})
+    assert created.status_code == 201, created.text
+    token = bearer(httpx.post(f"{url}/v1/tenants/{tenant}/tokens", headers=admin,
+                              json={"name": "t", "role": "member"}).json()["token"])
+    yield url, token, tenant
+    # Nothing of it left to launch (a launch would make its namespace again), then nothing of it in the cluster.
+    for job in httpx.get(f"{url}/v1/jobs", params={"limit": 500}, headers=token).json()["items"]:
+        if job["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            httpx.post(f"{url}/v1/jobs/{job['id']}/cancel", headers=token)
     harness.remove_tenant(platform, tenant)
 
 
