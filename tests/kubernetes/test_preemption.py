@@ -105,6 +105,16 @@ def _wait(url: str, token: dict, job_id: str, done, *, what: str, timeout_s: flo
         time.sleep(0.3)
 
 
+def _losses(url: str, token: dict, job_id: str) -> dict[int, float]:
+    """The job's loss at each step; a step reported twice (a rerun) must report the same loss."""
+    records = httpx.get(f"{url}/v1/jobs/{job_id}/metrics", headers=token,
+                        params={"event": "progress", "limit": 5000}).json()
+    losses: dict[int, float] = {}
+    for record in records:
+        assert losses.setdefault(record["step"], record["values"]["loss"]) == record["values"]["loss"]
+    return losses
+
+
 def _printed(table: str) -> dict[str, dict[str, str]]:
     """kubectl's table, by row name and column header (values start where their header starts)."""
     header, *rows = table.splitlines()
@@ -166,12 +176,18 @@ def test_a_borrowers_gang_saves_gives_the_lender_its_quota_back_and_resumes_with
     cluster_reasons = {e.reason for e in harness.events_of(platform, namespace, victim["id"])}
     assert cluster_reasons & {"Suspended", "Stopped"}, cluster_reasons
     # Every step was trained once: the resumed run went on from the step the checkpoint was saved at.
-    records = httpx.get(f"{url}/v1/jobs/{victim['id']}/metrics", headers=tokens["borrower"],
-                        params={"event": "progress", "limit": 5000}).json()
-    losses: dict[int, float] = {}
-    for record in records:
-        assert losses.setdefault(record["step"], record["values"]["loss"]) == record["values"]["loss"]
+    losses = _losses(url, tokens["borrower"], victim["id"])
     assert sorted(losses) == list(range(1, _STEPS + 1))
     started = httpx.get(f"{url}/v1/jobs/{victim['id']}/metrics", headers=tokens["borrower"],
                         params={"event": "started"}).json()
     assert [r["step"] for r in started] == [0, stopped_at]  # resumed where it stopped: its SIGTERM checkpoint
+
+    # The same job never interrupted (its cohort idle again): the loss curve and the final metrics of the
+    # preempted one are its own, bit for bit (CPU).
+    reference = httpx.post(f"{url}/v1/jobs", headers=tokens["borrower"], json=_job("reference", cpu=2, steps=_STEPS))
+    assert reference.status_code == 201, reference.text
+    reference = _wait(url, tokens["borrower"], reference.json()["id"],
+                      lambda j: j["state"] in ("SUCCEEDED", "FAILED"), what="finished", timeout_s=400)
+    assert reference["state"] == "SUCCEEDED", reference["message"]
+    assert losses == _losses(url, tokens["borrower"], reference["id"])
+    assert done["result"] == reference["result"]
