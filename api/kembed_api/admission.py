@@ -83,11 +83,12 @@ def shortfall(quota: Quota, *, used: Demand, demand: Demand) -> str | None:
     return None
 
 
-def never_fits(quota: Quota, demand: Demand) -> str | None:
-    """Why a job could not run even on an idle tenant (then it must be refused, not queued forever)."""
+def never_fits(quota: Quota, demand: Demand, *, ceiling: str = "the tenant's quota") -> str | None:
+    """Why a job could not run even on an idle tenant (then it must be refused, not queued forever); `ceiling`
+    names what `quota` is in the answer."""
     for field, limit, unit in quota.limits:
         if field not in ("jobs", "processes") and getattr(demand, field) > limit + 1e-9:
-            return (f"the job needs {getattr(demand, field):g} {unit} but the tenant's quota "
+            return (f"the job needs {getattr(demand, field):g} {unit} but {ceiling} "
                     f"(quota.{_QUOTA_FIELD[field]}) is {limit:g}")
     if quota.max_running_jobs == 0:
         return "the tenant's quota allows no running jobs (quota.max_running_jobs is 0)"

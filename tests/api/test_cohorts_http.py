@@ -77,7 +77,8 @@ def test_a_job_bigger_than_its_tenants_quota_runs_by_borrowing_but_never_beyond_
     two, three = one_gpu_job("two"), one_gpu_job("three")
     two["resources"]["gpus_per_node"], three["resources"]["gpus_per_node"] = 2, 3
     refused = api_client.post("/v1/jobs", json=three, headers=bearer(token))
-    assert refused.status_code == 422 and "quota.gpus" in refused.json()["detail"]  # 1 + 1 borrowable < 3
+    assert refused.status_code == 422 and refused.json()["detail"] == (  # 1 + 1 borrowable < 3
+        "resources: the job needs 3 GPUs but the tenant's quota plus its borrowing limit (quota.gpus) is 2")
     job = api_client.post("/v1/jobs", json=two, headers=bearer(token))
     assert job.status_code == 201, job.text
     running = wait_state(api_client, token, job.json()["id"], "RUNNING", dispatcher=dispatcher)

@@ -301,7 +301,8 @@ def _read_stored(session: Executor, job: Row, *, tenant: Row) -> JobRead:
 
 
 def _check_can_run(spec: JobSpec, *, tenant: Row) -> None:
-    why = never_fits(ceiling_of(tenant), Demand.of(spec))
+    ceiling = "the tenant's quota plus its borrowing limit" if tenant.cohort else "the tenant's quota"
+    why = never_fits(ceiling_of(tenant), Demand.of(spec), ceiling=ceiling)
     if why:
         raise CannotRun(f"resources: {why}")
     estimate = estimates.memory_per_rank(spec.trainer, world_size=spec.resources.num_processes)
