@@ -24,41 +24,22 @@ import io
 import json
 import os
 import pathlib
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "trainer_image"))
+sys.path.insert(0, str(REPO))
+
+from tests.fixtures.servers import start_moto  # noqa: E402 - after the path insert
 
 MB = 1e6
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_s3() -> tuple[subprocess.Popen, dict[str, str]]:
-    port = free_port()
-    moto = pathlib.Path(sys.executable).with_name("moto_server")
-    proc = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise SystemExit("moto_server did not start") from None
-            time.sleep(0.2)
+    proc, endpoint = start_moto(timeout_s=60)
     env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
            "AWS_DEFAULT_REGION": "us-east-1"}
     os.environ.update(env)

@@ -21,13 +21,13 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
 import time
 import urllib.request
 
+from kembed_api.ports import free_port
 from tests.cluster import oci
 from tests.cluster import pki as pki_mod
 
@@ -132,11 +132,6 @@ class ClusterConfig:
     # for benchmarks/operator_scale.py --pprof.
     apiserver_flags: tuple[str, ...] = ()
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _process_start_time(pid: int) -> str | None:

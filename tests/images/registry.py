@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import time
 import urllib.request
@@ -24,6 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from kembed_api.ports import free_port
 from tests.cluster import controlplane
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -64,11 +64,6 @@ def build() -> dict[str, str]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.fixture(scope="session")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
@@ -76,7 +71,7 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
     versions = dict(line.split("=", 1) for line in (REPO / "tests/cluster/versions.env").read_text().split()
                     if "=" in line)
     binary = cache_dir() / "bin" / f"registry-{versions['REGISTRY_VERSION']}" / "registry"
-    port = _free_port()
+    port = free_port()
     config = tmp_path_factory.mktemp("registry") / "config.yml"
     # Read-only: test runs share the storage build.sh pushed to, and none of them may change it.
     config.write_text(json.dumps({

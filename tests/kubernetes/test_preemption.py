@@ -7,7 +7,6 @@ trainers on the test kubelet's local node, checkpoints in S3 (moto)."""
 from __future__ import annotations
 
 import re
-import socket
 import time
 import uuid
 
@@ -16,6 +15,7 @@ import pytest
 
 from kembed_api.app import create_app
 from kembed_api.backends.kubernetes import KubernetesBackend
+from kembed_api.ports import free_port
 from kembed_api.settings import Settings
 from kembed_contract import resources
 from tests.api.conftest import ThreadedServer, bearer
@@ -31,11 +31,6 @@ _LOCAL_NODE = {"trainer_node_selector": {controlplane.LOCAL_NODE_LABEL: "true"},
                                         "effect": "NoSchedule"}]}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def platform(cluster: Cluster) -> Cluster:
@@ -46,7 +41,7 @@ def platform(cluster: Cluster) -> Cluster:
 @pytest.fixture
 def operator(platform: Cluster, s3_server, tmp_path):
     process = harness.OperatorProcess(platform, tmp_path, name="preemption-operator", **_LOCAL_NODE,
-                                      s3_endpoint_url=s3_server.endpoint_url, rendezvous_port=_free_port(),
+                                      s3_endpoint_url=s3_server.endpoint_url, rendezvous_port=free_port(),
                                       rendezvous_timeout_s=120).start()
     yield process
     process.stop()

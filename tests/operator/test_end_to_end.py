@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 
 import pytest
 
+from kembed_api.ports import free_port
 from kembed_operator.settings import OperatorSettings
 from tests.cluster import controlplane
 from tests.cluster.fixture import Cluster, wait_for
@@ -27,11 +27,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 STEPS = 1000
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def _local_operator(platform: Cluster, s3_server, tmp_path, **settings):
     """An operator whose trainers run on the local node."""
@@ -40,7 +35,7 @@ def _local_operator(platform: Cluster, s3_server, tmp_path, **settings):
         trainer_node_selector={controlplane.LOCAL_NODE_LABEL: "true"},
         trainer_tolerations=[{"key": controlplane.LOCAL_NODE_TAINT_KEY, "operator": "Exists",
                               "effect": "NoSchedule"}],
-        s3_endpoint_url=s3_server.endpoint_url, rendezvous_port=_free_port(), rendezvous_timeout_s=120, **settings,
+        s3_endpoint_url=s3_server.endpoint_url, rendezvous_port=free_port(), rendezvous_timeout_s=120, **settings,
     ).start()
 
 
