@@ -1,7 +1,7 @@
 """On the real control plane, the operator mints each tenant's own S3 key against an S3 server that enforces per-user
-IAM policies (moto's IAM mode): tenant b's Secret holds b's key, which S3 refuses on tenant a's prefix; trainer pods
-carry no trace of the platform's keys; a storage change reaches the IAM policy, a rotation keeps the previous key,
-and deleting a tenant deletes its IAM user."""
+IAM policies (moto's IAM mode): tenant b's Secret holds b's key, which S3 refuses on tenant a's prefix, also to a
+pod of b that bypasses every kembed check; trainer pods carry no trace of the platform's keys; a storage change
+reaches the IAM policy, a rotation keeps the previous key, and deleting a tenant deletes its IAM user."""
 
 from __future__ import annotations
 
@@ -107,6 +107,51 @@ def test_each_tenant_holds_its_own_key_and_s3_refuses_it_on_another_tenants_pref
         values = {base64.b64decode(v).decode(errors="replace") for v in (secret.data or {}).values()}
         assert iam_s3.platform_env["AWS_SECRET_ACCESS_KEY"] not in values, secret.metadata.name
     assert iam_s3.platform_env["AWS_SECRET_ACCESS_KEY"] not in minting_operator.log()
+
+
+# What b's pod tries on a's checkpoints with the credentials b's Secret gives it, through s3fs as the trainer
+# does; it prints each outcome and passes only when S3 refuses all of them.
+_THIEF = """
+import os, s3fs
+fs, uri = s3fs.S3FileSystem(), os.environ["VICTIM"]
+attempts = {"read": lambda: fs.cat_file(uri + "/step-1/data"), "list": lambda: fs.ls(uri, refresh=True),
+            "write": lambda: fs.pipe_file(uri + "/step-1/data", b"poison"),
+            "delete": lambda: fs.rm_file(uri + "/step-1/data")}
+refused = []
+for name, attempt in attempts.items():
+    try:
+        attempt()
+        print(name, "ALLOWED")
+    except PermissionError:
+        print(name, "AccessDenied")
+        refused.append(name)
+raise SystemExit(0 if len(refused) == len(attempts) else 1)
+"""
+
+
+def test_a_pod_of_b_with_bs_credentials_gets_access_denied_on_as_prefix(platform, minting_operator, iam_s3,
+                                                                       make_tenant):
+    """Every kembed check bypassed: a pod in b's namespace, given b's Secret as trainer pods are, goes straight to
+    S3 for a's checkpoints; the IAM policy minted for b refuses it."""
+    a, namespace_a = make_tenant()
+    b, namespace_b = make_tenant()
+    s3_a = iam_s3.client("s3", _secret_env(platform, namespace_a))
+    s3_a.put_object(Bucket=BUCKET, Key=f"{a}/job/step-1/data", Body=b"a's model")
+    _secret_env(platform, namespace_b)
+    pod = platform.local_pod("thief", ["python", "-c", _THIEF], env={
+        "VICTIM": f"s3://{BUCKET}/{a}/job", "AWS_ENDPOINT_URL": iam_s3.endpoint_url,
+        "AWS_DEFAULT_REGION": "us-east-1"})
+    pod["spec"]["securityContext"] = {"runAsNonRoot": True, "runAsUser": 1000,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}  # the namespace's restricted PSS
+    pod["spec"]["containers"][0].update(envFrom=[{"secretRef": {"name": "kembed-s3"}}], securityContext={
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}})
+    platform.core().create_namespaced_pod(namespace_b, pod)
+    ended = platform.wait_pod_phase(namespace_b, "thief", timeout_s=120)
+    log = platform.pod_log(namespace_b, "thief")
+    assert ended.status.phase == "Succeeded", log
+    assert log.split() == ["read", "AccessDenied", "list", "AccessDenied", "write", "AccessDenied",
+                           "delete", "AccessDenied"], log
+    assert s3_a.get_object(Bucket=BUCKET, Key=f"{a}/job/step-1/data")["Body"].read() == b"a's model"
 
 
 def test_storage_changes_rotation_and_removal_reach_iam(platform, minting_operator, iam_s3, make_tenant):
