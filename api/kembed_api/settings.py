@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kembed_contract.tenant_credentials import MintingSettings
+
 __all__ = ["Backend", "Settings"]
 
 
@@ -23,7 +25,7 @@ def _default_local_slots() -> int:
     return max(2, os.cpu_count() or 2)
 
 
-class Settings(BaseSettings):
+class Settings(MintingSettings, BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KEMBED_", extra="forbid")
 
     data_dir: Path = Field(
@@ -72,13 +74,6 @@ class Settings(BaseSettings):
         "tenant gets an IAM user allowed only its storage policy's S3 prefixes, and its trainers get that user's "
         "key instead of this server's AWS credentials, which mint it. Needs s3:// storage and IAM rights; off for "
         "the file:// default. (On Kubernetes the operator mints: KEMBED_OPERATOR_S3_MINT_CREDENTIALS.)",
-    )
-    s3_iam_endpoint_url: str | None = Field(
-        None, description="IAM endpoint for minting (an S3-compatible server's IAM, a test server); unset = AWS IAM."
-    )
-    s3_iam_user_prefix: str = Field(
-        "kembed-", description="Minted IAM users are named <prefix><tenant>: one prefix per installation sharing "
-        "an AWS account."
     )
     trainer_sandbox: Literal["auto", "landlock", "off"] = Field(
         "auto",

@@ -23,10 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from kembed_trainer.storage_policy import StoragePolicy, s3_policy_document
 
-__all__ = ["ACCESS_KEY_ID", "PLATFORM_CREDENTIAL_VARS", "SECRET_ACCESS_KEY", "S3Credentials", "TenantCredentials",
-           "trainer_environ"]
+__all__ = ["ACCESS_KEY_ID", "PLATFORM_CREDENTIAL_VARS", "SECRET_ACCESS_KEY", "MintingSettings", "S3Credentials",
+           "TenantCredentials", "trainer_environ"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,18 @@ PLATFORM_CREDENTIAL_VARS = (
 # The name of the inline policy that carries the tenant's storage policy; the only policy kembed's users have.
 POLICY_NAME = "kembed-storage"
 _MAX_USER_NAME = 64  # IAM's limit
+
+
+class MintingSettings(BaseModel):
+    """Where minted users live: settings of whichever component mints (the API's local backend, the operator)."""
+
+    s3_iam_endpoint_url: str | None = Field(
+        None, description="IAM endpoint for minting (an S3-compatible store's IAM, a test server); unset = AWS IAM."
+    )
+    s3_iam_user_prefix: str = Field(
+        "kembed-", description="Minted IAM users are named <prefix><tenant>: one prefix per installation sharing an "
+        "AWS account."
+    )
 
 
 @dataclass(frozen=True)

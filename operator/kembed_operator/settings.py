@@ -11,10 +11,12 @@ from typing import Any
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kembed_contract.tenant_credentials import MintingSettings
+
 __all__ = ["OperatorSettings"]
 
 
-class OperatorSettings(BaseSettings):
+class OperatorSettings(MintingSettings, BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KEMBED_OPERATOR_", extra="forbid")
 
     # ---- where the operator lives ------------------------------------------------------------------------------
@@ -79,13 +81,6 @@ class OperatorSettings(BaseSettings):
         "policy, its key in Secret kembed-s3 of the tenant's namespace, instead of copying a credentials Secret. "
         "The operator mints with its own AWS credentials (environment or workload identity), which never reach a "
         "trainer.",
-    )
-    s3_iam_endpoint_url: str | None = Field(
-        None, description="IAM endpoint for minting (an S3-compatible store's IAM, a test server); unset = AWS IAM."
-    )
-    s3_iam_user_prefix: str = Field(
-        "kembed-", description="Minted IAM users are named <prefix><tenant>: one prefix per installation sharing an "
-        "AWS account."
     )
     s3_endpoint_url: str | None = Field(
         None, description="AWS_ENDPOINT_URL given to trainers (MinIO, Ceph, a test server); unset = AWS."
