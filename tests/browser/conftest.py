@@ -83,17 +83,19 @@ def make_team(server):
             team.wait_terminal(job_id)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def playwright_instance():
+    """Module-scoped, never session-scoped: Playwright's sync API keeps an asyncio loop marked running in this
+    thread while it lives, and `asyncio.run()` in any test that the random order puts after it would fail."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         yield playwright
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium(playwright_instance):
-    """One Chromium process for the run: starting one takes seconds, and each user gets a context of its own."""
+    """One Chromium process for the module: starting one takes seconds, and each user gets a context of its own."""
     browser = playwright_instance.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
     yield browser
     browser.close()

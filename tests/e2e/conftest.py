@@ -7,7 +7,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,30 @@ def trainer_pids(job_id: str) -> list[int]:
             if f"KEMBED_JOB_ID={job_id}".encode() in environ:
                 pids.append(int(entry))
     return pids
+
+
+def _pending_signals(pid: int) -> int:
+    """The signals waiting for the process (its own and its threads'), as a bit mask (bit n-1 is signal n)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return 0
+    return sum(int(line.split()[1], 16) for line in lines if line.startswith(("SigPnd:", "ShdPnd:")))
+
+
+@contextmanager
+def frozen(job_id: str) -> Iterator[Callable[[], bool]]:
+    """Stops every process of a job's trainers (SIGSTOP) and continues them on leaving, so that the platform acts
+    on a job that cannot move meanwhile: a preemption then always finds it mid-run, however slow the machine.
+    Yields `asked_to_stop()`: whether a SIGTERM waits for any of them (a stopped process keeps it pending)."""
+    pids = trainer_pids(job_id)
+    assert pids, f"no trainer process of {job_id}"
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    sigterm = 1 << (signal.SIGTERM - 1)
+    try:
+        yield lambda: any(_pending_signals(pid) & sigterm for pid in pids)
+    finally:
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)

@@ -22,6 +22,7 @@ from tests.api.conftest import ThreadedServer, bearer
 from tests.builders import make_spec
 from tests.cluster import controlplane
 from tests.cluster.fixture import Cluster, wait_for
+from tests.e2e.conftest import frozen
 from tests.operator import harness
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -77,9 +78,9 @@ def api(platform: Cluster, operator, s3_server, tmp_path):
                 harness.remove_tenant(platform, name)
 
 
-# Steps of the preempted job: enough that it is still running when its lender's job arrives, few enough that
-# the test stays short (three trainer starts take most of its time).
-_STEPS = 200
+# Steps of the preempted job: it is held still (SIGSTOP) from step 10 until it is asked to stop, so it needs
+# only a few more than that.
+_STEPS = 60
 
 
 def _job(name: str, *, cpu: float, steps: int) -> dict:
@@ -131,23 +132,24 @@ def test_a_borrowers_gang_saves_gives_the_lender_its_quota_back_and_resumes_with
     running = _wait(url, tokens["borrower"], victim["id"], lambda j: j["state"] == "RUNNING"
                     and j["progress"]["step"] >= 10, what="ran 10 steps")
     assert any("borrowing its cohort's idle quota" in e["message"] for e in running["events"])
-    # The Tenant resources say who borrows from whom (status.usage, written by the API).
-    wait_for(lambda: _usage(platform, names["borrower"]).get("borrowed", {}).get("cpu") == 1
-             and _usage(platform, names["lender"]).get("lent", {}).get("cpu") == 1,
-             timeout_s=30, interval_s=0.5, what="the borrowing shown in the Tenant resources")
-    shown = _printed(platform.kubectl("get", "tenants", names["borrower"], names["lender"], "-o", "wide").stdout)
-    assert (shown[names["borrower"]]["USED CPU"], shown[names["borrower"]]["BORROWED CPU"],
-            shown[names["borrower"]]["LENT CPU"]) == ("2", "1", "0"), shown
-    assert (shown[names["lender"]]["USED CPU"], shown[names["lender"]]["LENT CPU"]) == ("0", "1"), shown
-    assert shown[names["lender"]]["COHORT"] == shown[names["borrower"]]["COHORT"] != "<none>"
-
-    lender_job = httpx.post(f"{url}/v1/jobs", headers=tokens["lender"], json=_job("reclaim", cpu=1, steps=5))
-    assert lender_job.status_code == 201, lender_job.text
-    lender_job = lender_job.json()
     namespace = resources.tenant_namespace(names["borrower"])
-    _wait(url, tokens["borrower"], victim["id"], lambda j: j["state"] in ("PREEMPTED", "QUEUED"),
-          what="preempted", timeout_s=60)
-    assert harness.read_job(platform, namespace, victim["id"])["spec"]["suspend"] is True  # asked to save first
+    # Held still until it is asked to stop, so that the lender's job finds it mid-run on any machine.
+    with frozen(victim["id"]) as asked_to_stop:
+        # The Tenant resources say who borrows from whom (status.usage, written by the API).
+        wait_for(lambda: _usage(platform, names["borrower"]).get("borrowed", {}).get("cpu") == 1
+                 and _usage(platform, names["lender"]).get("lent", {}).get("cpu") == 1,
+                 timeout_s=30, interval_s=0.5, what="the borrowing shown in the Tenant resources")
+        shown = _printed(platform.kubectl("get", "tenants", names["borrower"], names["lender"], "-o", "wide").stdout)
+        assert (shown[names["borrower"]]["USED CPU"], shown[names["borrower"]]["BORROWED CPU"],
+                shown[names["borrower"]]["LENT CPU"]) == ("2", "1", "0"), shown
+        assert (shown[names["lender"]]["USED CPU"], shown[names["lender"]]["LENT CPU"]) == ("0", "1"), shown
+        assert shown[names["lender"]]["COHORT"] == shown[names["borrower"]]["COHORT"] != "<none>"
+
+        lender_job = httpx.post(f"{url}/v1/jobs", headers=tokens["lender"], json=_job("reclaim", cpu=1, steps=5))
+        assert lender_job.status_code == 201, lender_job.text
+        lender_job = lender_job.json()
+        wait_for(asked_to_stop, timeout_s=120, what="the borrower's trainers asked to stop (SIGTERM)")
+        assert harness.read_job(platform, namespace, victim["id"])["spec"]["suspend"] is True  # asked to save first
     finished = _wait(url, tokens["lender"], lender_job["id"], lambda j: j["state"] in ("SUCCEEDED", "FAILED"),
                      what="finished")
     assert finished["state"] == "SUCCEEDED", finished["message"]
