@@ -5,8 +5,10 @@
 
 One run, one S3 server (moto_server from the venv, on 127.0.0.1), one process:
 1. raw: s3fs (the client DCP's FsspecWriter writes through) puts one object as large as a full checkpoint in one
-   request, then the same bytes as a multipart upload of 8 MiB parts sent concurrently. Measured after the saves
-   alone and again after the training run; shares are taken of the best raw figure of all.
+   request, then the same bytes as a multipart upload of 8 MiB parts sent concurrently; and one object as large
+   as a delta in one request. Measured after the saves alone and again after the training run; a full save's
+   share is of the best large-object figure, a delta's of the best figure for an object of its size (what the
+   storage takes for that much data in one request).
 2. saves alone: a DLRM with Zipf-distributed ids (`zipf_alpha`) trains `--steps-between` steps, then one save is
    written while training waits (so the CPU is the save's): a full checkpoint, then deltas (the rows those steps
    touched, and the dense part whole). Bytes, seconds from the start of the save to its COMPLETE marker, MB/s, and
@@ -62,10 +64,11 @@ def bench_config(args: argparse.Namespace, uri: str, **checkpoint: object):
     })
 
 
-def raw_bandwidth(fs, bucket: str, num_bytes: int, repeats: int) -> dict[str, float]:
-    """MB/s of one PUT of `num_bytes`, and of the same bytes as a multipart upload (median of `repeats`)."""
+def raw_bandwidth(fs, bucket: str, num_bytes: int, delta_bytes: int, repeats: int) -> dict[str, float]:
+    """MB/s of one PUT of `num_bytes`, of the same bytes as a multipart upload, and of one PUT of `delta_bytes`
+    (medians of `repeats`)."""
     payload = os.urandom(num_bytes)
-    single, multi = [], []
+    single, multi, small = [], [], []
     for i in range(repeats):
         start = time.perf_counter()
         fs.pipe_file(f"{bucket}/raw/single-{i}", payload, chunksize=num_bytes)  # one PUT, however large
@@ -73,8 +76,12 @@ def raw_bandwidth(fs, bucket: str, num_bytes: int, repeats: int) -> dict[str, fl
         start = time.perf_counter()  # s3fs uploads the parts concurrently (its max_concurrency)
         fs.pipe_file(f"{bucket}/raw/multi-{i}", payload, chunksize=8 * 2**20)
         multi.append(num_bytes / MB / (time.perf_counter() - start))
+        start = time.perf_counter()
+        fs.pipe_file(f"{bucket}/raw/small-{i}", payload[:delta_bytes])
+        small.append(delta_bytes / MB / (time.perf_counter() - start))
     fs.rm(f"{bucket}/raw", recursive=True)
-    return {"single_mb_s": statistics.median(single), "multipart_mb_s": statistics.median(multi)}
+    return {"single_mb_s": statistics.median(single), "multipart_mb_s": statistics.median(multi),
+            "delta_size_mb_s": statistics.median(small)}
 
 
 def checkpoint_records(out: io.StringIO) -> list[dict]:
@@ -144,21 +151,23 @@ def main(argv: list[str] | None = None) -> int:
         fs.mkdir("bench")
         alone, touched = saves_alone(args, "s3://bench/alone")
         full_bytes = statistics.median(r["num_bytes"] for r in alone if r["kind"] == "full")
-        raw_first = raw_bandwidth(fs, "bench", int(full_bytes), args.repeats)
+        delta_bytes = statistics.median(r["num_bytes"] for r in alone if r["kind"] == "delta")
+        raw_first = raw_bandwidth(fs, "bench", int(full_bytes), int(delta_bytes), args.repeats)
         during, step_s = saves_during_training(args, "s3://bench/during")
-        raw_then = raw_bandwidth(fs, "bench", int(full_bytes), args.repeats)
+        raw_then = raw_bandwidth(fs, "bench", int(full_bytes), int(delta_bytes), args.repeats)
         raw = {k: max(raw_first[k], raw_then[k]) for k in raw_first}
     finally:
         proc.kill()
         proc.wait()
 
     rows = []
+    raw_of = {"full": max(raw["single_mb_s"], raw["multipart_mb_s"]), "delta": raw["delta_size_mb_s"]}
     for kind in ("full", "delta"):
         mine = [r for r in alone if r["kind"] == kind]
         nbytes = statistics.median(r["num_bytes"] for r in mine)
         seconds = statistics.median(r["seconds"] for r in mine)
         rows.append({"save": kind, "bytes": int(nbytes), "seconds": seconds, "mb_s": nbytes / MB / seconds,
-                     "share_of_raw": nbytes / MB / seconds / max(raw.values()),
+                     "share_of_raw": nbytes / MB / seconds / raw_of[kind],
                      "share_of_full_bytes": nbytes / full_bytes})
     stalls = {}
     for kind in ("full", "delta"):
@@ -175,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
           f"dim {args.dim}, {args.optimizer}, Zipf {args.zipf}, batch {args.batch_size}, "
           f"{args.steps_between} steps between saves: {touched:.1%} of rows touched per delta")
     print(f"raw s3fs: one object {raw['single_mb_s']:.1f} MB/s, multipart (8 MiB parts, concurrent) "
-          f"{raw['multipart_mb_s']:.1f} MB/s ({full_bytes / MB:.1f} MB)")
+          f"{raw['multipart_mb_s']:.1f} MB/s ({full_bytes / MB:.1f} MB); one object of a delta's size "
+          f"{raw['delta_size_mb_s']:.1f} MB/s ({delta_bytes / MB:.2f} MB)")
     print(f"{'save':6} {'MB':>8} {'s':>7} {'MB/s':>7} {'of raw':>7} {'of full':>8}")
     for r in rows:
         print(f"{r['save']:6} {r['bytes'] / MB:8.2f} {r['seconds']:7.3f} {r['mb_s']:7.1f} "

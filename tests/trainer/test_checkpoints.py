@@ -158,7 +158,7 @@ def test_checkpoint_loads_on_a_different_number_of_ranks(tmp_path, ckpt_uri, fir
     assert more[-1]["step"] == 30
 
 
-class SlowWriter(FsspecWriter):
+class SlowWriter(checkpoint.StepWriter):
     """A checkpoint store that takes a while to write, like a slow S3 upload."""
 
     delay_s = 1.0
@@ -169,7 +169,7 @@ class SlowWriter(FsspecWriter):
 
 
 def test_training_goes_on_while_a_checkpoint_is_written(monkeypatch, ckpt_uri):
-    monkeypatch.setattr(checkpoint, "FsspecWriter", SlowWriter)
+    monkeypatch.setattr(checkpoint, "StepWriter", SlowWriter)
     cfg = tiny_config(
         checkpoint={"uri": ckpt_uri, "every_steps": 10, "keep": 5}, training={"steps": 30, "log_every": 1}
     )
@@ -196,13 +196,13 @@ KILLED_MID_SAVE = """
 import sys, time
 from kembed_trainer import __main__, checkpoint
 
-class StuckAtStep20(checkpoint.FsspecWriter):
+class StuckAtStep20(checkpoint.StepWriter):
     def write_data(self, plan, planner):
         if "step-20" in str(self.path):
             time.sleep(600)  # killed before this returns
         return super().write_data(plan, planner)
 
-checkpoint.FsspecWriter = StuckAtStep20
+checkpoint.StepWriter = StuckAtStep20
 sys.exit(__main__.main(["--config", sys.argv[1]]))
 """
 

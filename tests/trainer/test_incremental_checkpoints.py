@@ -69,12 +69,12 @@ if PHASE == "before":  # training reached the save, nothing of it written
         return save(self, step, *args, **kwargs)
     checkpoint.Checkpointer.save = stuck_save
 elif PHASE == "during":  # the side files and part of DCP's written, no marker
-    class StuckWriter(checkpoint.FsspecWriter):
+    class StuckWriter(checkpoint.StepWriter):
         def write_data(self, plan, planner):
             if f"step-{STEP}" in str(self.path):
                 hang()
             return super().write_data(plan, planner)
-    checkpoint.FsspecWriter = StuckWriter
+    checkpoint.StepWriter = StuckWriter
 elif PHASE == "after":  # the marker written, nothing pruned or reported yet
     prune = checkpoint.Checkpointer._prune
     def stuck_prune(self):

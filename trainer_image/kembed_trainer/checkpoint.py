@@ -11,6 +11,10 @@ complete: its full checkpoint, then its deltas in order. Rank 0 picks full or de
 Pruning keeps the newest `keep` restorable steps and every folder their chains need, deleting newest first, so
 a prune cut short never leaves a delta without its base.
 
+A save asks the storage for little besides its data: DCP's files, its metadata (written once, under its own
+name: `StepWriter`), the marker, and one listing to prune; the size comes from what was written, and each
+marker is read once. On S3 every request is a round trip a small delta would otherwise wait on.
+
 Every folder is checked against the storage policy (kembed_trainer.storage) just before it is listed, written,
 loaded or deleted, as its real path: a step folder that is a symlink to somewhere else is refused, not followed.
 
@@ -21,6 +25,7 @@ with training's). Training waits only for the copy, and for a previous save stil
 
 from __future__ import annotations
 
+import pickle
 import sys
 import time
 import warnings
@@ -34,16 +39,22 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan
+from torch.distributed.checkpoint.storage import WriteResult
 
 from kembed_trainer import delta, runtime
 from kembed_trainer.storage import Guard
 
-__all__ = ["Checkpointer", "SavedCheckpoint"]
+__all__ = ["Checkpointer", "SavedCheckpoint", "StepWriter"]
 
 _WHERE = "checkpoint.uri"
 # Files each rank writes at once (DCP splits its tensors over them): one S3 upload stream leaves most of the
-# storage's bandwidth unused (docs/benchmarks.md, incremental checkpoints).
+# storage's bandwidth unused on a large save, and a small one (a delta) is quicker as one request
+# (docs/benchmarks.md, incremental checkpoints).
 _WRITER_THREADS = 4
+_BYTES_PER_WRITER = 8 * 2**20
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,7 @@ class Checkpointer:
         self._inflight: Future[SavedCheckpoint] | None = None
         self._landed: list[SavedCheckpoint] = []
         self.pinned_step: int | None = None  # a step never pruned (the best eval's checkpoint)
+        self._read_markers: dict[int, runtime.CheckpointMarker] = {}  # a marker never changes once written
         # Saves talk over a group of their own, so their collectives never interleave with training's.
         self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
 
@@ -88,14 +100,22 @@ class Checkpointer:
 
     def markers(self) -> dict[int, runtime.CheckpointMarker]:
         """The complete checkpoints' markers, by step."""
-        found = {}
-        for step in self._listed_steps():
+        return self._scan()[1]
+
+    def _scan(self) -> tuple[list[int], dict[int, runtime.CheckpointMarker]]:
+        """The step folders there are now (newest first), and the markers of the complete ones. A marker never
+        changes once written, so each is read once (or known from writing it): a save costs one listing."""
+        listed = self._listed_steps()
+        self._read_markers = {step: m for step, m in self._read_markers.items() if step in listed}
+        for step in listed:
+            if step in self._read_markers:
+                continue
             try:
                 content = self.fs.cat_file(f"{self._checked_step(step, write=False)}/{runtime.CHECKPOINT_MARKER}")
             except FileNotFoundError:
                 continue
-            found[step] = runtime.CheckpointMarker.parse(step, content)
-        return found
+            self._read_markers[step] = runtime.CheckpointMarker.parse(step, content)
+        return listed, dict(self._read_markers)
 
     def complete_steps(self) -> list[int]:
         """Steps that restore (complete, with every link of their chain complete), newest first."""
@@ -174,33 +194,39 @@ class Checkpointer:
         # A partial save of this step from an earlier attempt goes first; here, not in save(), so training does
         # not wait for the storage's round trips.
         if self.is_main and self.fs.exists(path):
+            self._read_markers.pop(step, None)
             self.fs.rm(path, recursive=True)
         if self._group is not None:
             dist.barrier(group=self._group)  # no rank writes before it is gone
+        side_bytes = 0
         for name, content in files.items():  # before DCP's collective save, so before rank 0's marker
             self.fs.makedirs(f"{path}/{name}".rsplit("/", 1)[0], exist_ok=True)
             self.fs.pipe_file(f"{path}/{name}", content)
+            side_bytes += len(content)
+        if self._group is not None:  # every rank's side files count in the folder's size
+            total = torch.tensor([side_bytes], dtype=torch.int64)
+            dist.all_reduce(total, group=self._group)
+            side_bytes = int(total.item())
+        threads = min(_WRITER_THREADS, 1 + _tensor_bytes(staged) // _BYTES_PER_WRITER)
+        writer = StepWriter(self.step_uri(step), sync_files=False, thread_count=threads)
         with warnings.catch_warnings():  # a single process without a process group is intended
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.save(
-                staged,
-                storage_writer=FsspecWriter(self.step_uri(step), sync_files=False, thread_count=_WRITER_THREADS),
-                process_group=self._group,
-            )
+            dcp.save(staged, storage_writer=writer, process_group=self._group)
         # dcp.save returns on rank 0 only after every rank's files are written and the metadata with them.
         num_bytes = 0
         if self.is_main:
-            num_bytes = int(self.fs.du(path))
+            num_bytes = writer.num_bytes + side_bytes
             marker = runtime.CheckpointMarker(step, kind, parent, num_bytes)
             self.fs.pipe_file(f"{path}/{runtime.CHECKPOINT_MARKER}", marker.to_bytes())
+            self._read_markers[step] = marker
         else:
             marker = runtime.CheckpointMarker(step, kind, parent)
+        landed = time.perf_counter() - start  # the save is complete; pruning is housekeeping after it
         self._chain = [*self._chain, marker] if kind == runtime.CHECKPOINT_DELTA else [marker]
         if self.is_main:
             self._prune()
         blocked, waited = stalled
-        return SavedCheckpoint(step, self.step_uri(step), num_bytes, time.perf_counter() - start, blocked,
-                               kind, parent, waited)
+        return SavedCheckpoint(step, self.step_uri(step), num_bytes, landed, blocked, kind, parent, waited)
 
     def load_latest(self, state: dict[str, Any], *, optional: tuple[str, ...] = ()) -> int | None:
         """Load the newest step that restores into `state`; its step, or None if none exists.
@@ -260,18 +286,40 @@ class Checkpointer:
         """Keep the newest `keep` restorable steps, the pinned one (the best) and the chains they need; drop
         every older folder, complete or partial, and any complete delta whose chain is broken, newest first (a
         delta before its base). A partial folder newer than them all is left: it may be a save to come."""
-        markers = self.markers()
+        listed, markers = self._scan()
         kept = runtime.restorable_steps(markers)[: self.keep]
         if not kept:
             return
         pinned = [self.pinned_step] if self.pinned_step is not None else []
         needed = runtime.steps_needed([*kept, *pinned], markers)
-        for step in self._listed_steps():
+        for step in listed:
             if step not in needed and (step < kept[0] or step in markers):
                 path = self._checked_step(step, write=True)
                 if step in markers:  # unmarked first: a folder half deleted is never taken for complete
                     self.fs.rm(f"{path}/{runtime.CHECKPOINT_MARKER}")
                 self.fs.rm(path, recursive=True)
+
+
+class StepWriter(FsspecWriter):
+    """DCP's fsspec writer for a step folder that `_write` has just emptied, less the requests that guard a
+    folder in use: the look for an earlier checkpoint's metadata, and the metadata written to a temporary name
+    then renamed (on S3 a rename is a copy and a delete). What makes a folder count is the COMPLETE marker,
+    written after all of it. On the coordinator (rank 0) it also counts the bytes every rank wrote."""
+
+    num_bytes = 0
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        self.fs.mkdir(self.path)
+        return plan
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        metadata.version = CURRENT_DCP_VERSION
+        metadata.storage_data = {r.index: r.storage_data for rank_results in results for r in rank_results}
+        metadata.storage_meta = self.storage_meta()
+        content = pickle.dumps(metadata)
+        with self.fs.create_stream(self._get_metadata_path(), "wb") as stream:
+            stream.write(content)
+        self.num_bytes = len(content) + sum(info.length for info in metadata.storage_data.values())
 
 
 def _copy(state: Any) -> Any:
@@ -285,6 +333,18 @@ def _copy(state: Any) -> Any:
             return state.detach().to("cpu", copy=True)
         return state.detach().clone()  # a DTensor keeps its placement; its local rows are copied
     return state
+
+
+def _tensor_bytes(state: Any) -> int:
+    """The bytes of every tensor in a (nested) state dict (a DTensor's local part)."""
+    if isinstance(state, dict):
+        return sum(_tensor_bytes(v) for v in state.values())
+    if isinstance(state, list):
+        return sum(_tensor_bytes(v) for v in state)
+    if isinstance(state, torch.Tensor):
+        local = state.to_local() if hasattr(state, "to_local") else state
+        return local.numel() * local.element_size()
+    return 0
 
 
 def _without_absent(state: dict[str, Any], saved: Mapping[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
