@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -124,19 +125,40 @@ def _pending_signals(pid: int) -> int:
     return sum(int(line.split()[1], 16) for line in lines if line.startswith(("SigPnd:", "ShdPnd:")))
 
 
-@contextmanager
-def frozen(job_id: str) -> Iterator[Callable[[], bool]]:
-    """Stops every process of a job's trainers (SIGSTOP) and continues them on leaving, so that the platform acts
-    on a job that cannot move meanwhile: a preemption then always finds it mid-run, however slow the machine.
-    Yields `asked_to_stop()`: whether a SIGTERM waits for any of them (a stopped process keeps it pending)."""
-    pids = trainer_pids(job_id)
-    assert pids, f"no trainer process of {job_id}"
+def last_logged_step(logs: str) -> int:
+    """The step of the newest progress record in a trainer's log (-1 before the first). The log is what the
+    trainer printed, at once; the API's progress comes later (its reports queue behind one another)."""
+    steps = re.findall(r'\{"event": "progress", "step": (\d+)', logs)
+    return int(steps[-1]) if steps else -1
+
+
+def _continue(pids: list[int]) -> None:
     for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+@contextmanager
+def frozen(job_id: str, logs: Callable[[], str], *, after_step: int,
+           timeout_s: float = 120) -> Iterator[tuple[int, Callable[[], bool]]]:
+    """Stops every process of a job's trainers (SIGSTOP) once its log (`logs()`) shows `after_step` trained, and
+    continues them on leaving, so that the platform acts on a job that cannot move meanwhile: a preemption then
+    always finds it mid-run, however slow the machine. Stopped first and read after, so the step it holds at is
+    exact. Yields that step and `asked_to_stop()`: whether a SIGTERM waits for any of them (a stopped process
+    keeps it pending)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pids = trainer_pids(job_id)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        step = last_logged_step(logs())
+        if pids and step >= after_step and sorted(trainer_pids(job_id)) == sorted(pids):
+            break
+        _continue(pids)
+        assert time.monotonic() < deadline, f"{job_id} never logged step {after_step} (last: {step})"
+        time.sleep(0.1)
     sigterm = 1 << (signal.SIGTERM - 1)
     try:
-        yield lambda: any(_pending_signals(pid) & sigterm for pid in pids)
+        yield step, lambda: any(_pending_signals(pid) & sigterm for pid in pids)
     finally:
-        for pid in pids:
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+        _continue(pids)
