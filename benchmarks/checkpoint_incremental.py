@@ -4,16 +4,15 @@
     .venv/bin/python benchmarks/checkpoint_incremental.py --rows 400000 --steps-between 10 --json out.json
 
 One run, one S3 server (moto_server from the venv, on 127.0.0.1), one process:
-1. raw: s3fs (the client DCP's FsspecWriter writes through) puts one object as large as a full checkpoint in one
-   request, then the same bytes as a multipart upload of 8 MiB parts sent concurrently; and one object as large
-   as a delta in one request. Measured after the saves alone and again after the training run; a full save's
-   share is of the best large-object figure, a delta's of the best figure for an object of its size (what the
-   storage takes for that much data in one request).
-2. saves alone: a DLRM with Zipf-distributed ids (`zipf_alpha`) trains `--steps-between` steps, then one save is
-   written while training waits (so the CPU is the save's): a full checkpoint, then deltas (the rows those steps
-   touched, and the dense part whole). Bytes, seconds from the start of the save to its COMPLETE marker, MB/s, and
-   MB/s as a share of the raw single-object bandwidth. Medians of `--repeats`.
-3. saves during training: the same trainer checkpointing every `--steps-between` steps with `incremental` (a
+1. saves alone, each beside the raw write bandwidth of the same client: a DLRM with Zipf-distributed ids
+   (`zipf_alpha`) trains `--steps-between` steps, then one save is written while training waits (so the CPU is the
+   save's): a full checkpoint, then deltas (the rows those steps touched, and the dense part whole), then more
+   full ones. Right after each save, s3fs (the client DCP's FsspecWriter writes through) puts as many bytes in
+   one object in one request: the raw figure for that much data at that moment (this machine's load moves both
+   alike). Bytes, seconds from the start of the save to its COMPLETE marker, MB/s, and MB/s as a share of the
+   paired raw figure. Medians of `--repeats`. Also the same full-size bytes as a multipart upload of 8 MiB parts
+   sent concurrently, for reference.
+2. saves during training: the same trainer checkpointing every `--steps-between` steps with `incremental` (a
    full checkpoint then deltas), asynchronously: the training stall per save as a share of the median step time,
    split into the save's own (choosing full or delta, gathering the changed rows, copying the state) and the wait
    for an earlier save still in flight (`waited_seconds`: saves more often than the storage takes them).
@@ -64,41 +63,40 @@ def bench_config(args: argparse.Namespace, uri: str, **checkpoint: object):
     })
 
 
-def raw_bandwidth(fs, bucket: str, num_bytes: int, delta_bytes: int, repeats: int) -> dict[str, float]:
-    """MB/s of one PUT of `num_bytes`, of the same bytes as a multipart upload, and of one PUT of `delta_bytes`
-    (medians of `repeats`)."""
-    payload = os.urandom(num_bytes)
-    single, multi, small = [], [], []
-    for i in range(repeats):
-        start = time.perf_counter()
-        fs.pipe_file(f"{bucket}/raw/single-{i}", payload, chunksize=num_bytes)  # one PUT, however large
-        single.append(num_bytes / MB / (time.perf_counter() - start))
-        start = time.perf_counter()  # s3fs uploads the parts concurrently (its max_concurrency)
-        fs.pipe_file(f"{bucket}/raw/multi-{i}", payload, chunksize=8 * 2**20)
-        multi.append(num_bytes / MB / (time.perf_counter() - start))
-        start = time.perf_counter()
-        fs.pipe_file(f"{bucket}/raw/small-{i}", payload[:delta_bytes])
-        small.append(delta_bytes / MB / (time.perf_counter() - start))
-    fs.rm(f"{bucket}/raw", recursive=True)
-    return {"single_mb_s": statistics.median(single), "multipart_mb_s": statistics.median(multi),
-            "delta_size_mb_s": statistics.median(small)}
+def raw_put_mb_s(fs, path: str, payload: bytes) -> float:
+    """MB/s of one PUT of `payload`, however large."""
+    start = time.perf_counter()
+    fs.pipe_file(path, payload, chunksize=max(len(payload), 5 * 2**20))
+    seconds = time.perf_counter() - start
+    fs.rm(path)
+    return len(payload) / MB / seconds
+
+
+def multipart_mb_s(fs, path: str, payload: bytes) -> float:
+    """MB/s of `payload` as a multipart upload of 8 MiB parts (s3fs sends them concurrently)."""
+    start = time.perf_counter()
+    fs.pipe_file(path, payload, chunksize=8 * 2**20)
+    seconds = time.perf_counter() - start
+    fs.rm(path)
+    return len(payload) / MB / seconds
 
 
 def checkpoint_records(out: io.StringIO) -> list[dict]:
     return [r for line in out.getvalue().splitlines() if (r := json.loads(line))["event"] == "checkpoint"]
 
 
-def saves_alone(args: argparse.Namespace, uri: str) -> tuple[list[dict], float]:
+def saves_alone(args: argparse.Namespace, uri: str, fs, payload: bytes) -> tuple[list[dict], float]:
     """Saves written while training waits, each after `steps_between` steps: a full one, `repeats` deltas on it,
-    then `repeats - 1` more full ones; and the mean share of table rows a delta held."""
+    then `repeats` more full ones, each record with `raw_mb_s` (one PUT of as many bytes right after it); and the
+    mean share of table rows a delta held."""
     from kembed_trainer import dist, report, train
 
     out = io.StringIO()
     cfg = bench_config(args, uri, every_steps=0, incremental=True, full_every=10_000, max_chain_share=100)
     trainer = train.Trainer(cfg, dist.setup("gloo", threads=1), report.Reporter(enabled=True, out=out))
-    touched = []
+    touched, paired = [], []
     try:
-        for i in range(2 * args.repeats):
+        for i in range(2 * args.repeats + 1):
             trainer.checkpointer.incremental = i <= args.repeats  # the first save is full (no chain yet)
             for _ in range(args.steps_between):
                 trainer.train_step()
@@ -107,9 +105,12 @@ def saves_alone(args: argparse.Namespace, uri: str) -> tuple[list[dict], float]:
                 changed = sum(c.rows.numel() for c in trainer.embeddings.changes(0).values())
                 touched.append(changed / (args.rows * args.tables))
             trainer.save(wait=True)
+            saved = checkpoint_records(out)[-1]
+            saved["raw_mb_s"] = raw_put_mb_s(fs, "bench/raw/paired", payload[: saved["num_bytes"]])
+            paired.append(saved)
     finally:
         trainer.close()
-    return checkpoint_records(out), statistics.mean(touched)
+    return paired, statistics.mean(touched)
 
 
 def saves_during_training(args: argparse.Namespace, uri: str) -> tuple[list[dict], float]:
@@ -149,25 +150,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fs = s3fs.S3FileSystem()
         fs.mkdir("bench")
-        alone, touched = saves_alone(args, "s3://bench/alone")
+        table_bytes = args.tables * args.rows * args.dim * 4
+        payload = os.urandom(2 * table_bytes)  # more than a full checkpoint (tables, optimizer state, dense part)
+        alone, touched = saves_alone(args, "s3://bench/alone", fs, payload)
         full_bytes = statistics.median(r["num_bytes"] for r in alone if r["kind"] == "full")
-        delta_bytes = statistics.median(r["num_bytes"] for r in alone if r["kind"] == "delta")
-        raw_first = raw_bandwidth(fs, "bench", int(full_bytes), int(delta_bytes), args.repeats)
+        multipart = statistics.median(multipart_mb_s(fs, "bench/raw/multi", payload[: int(full_bytes)])
+                                      for _ in range(args.repeats))
         during, step_s = saves_during_training(args, "s3://bench/during")
-        raw_then = raw_bandwidth(fs, "bench", int(full_bytes), int(delta_bytes), args.repeats)
-        raw = {k: max(raw_first[k], raw_then[k]) for k in raw_first}
     finally:
         proc.kill()
         proc.wait()
 
     rows = []
-    raw_of = {"full": max(raw["single_mb_s"], raw["multipart_mb_s"]), "delta": raw["delta_size_mb_s"]}
     for kind in ("full", "delta"):
         mine = [r for r in alone if r["kind"] == kind]
         nbytes = statistics.median(r["num_bytes"] for r in mine)
         seconds = statistics.median(r["seconds"] for r in mine)
-        rows.append({"save": kind, "bytes": int(nbytes), "seconds": seconds, "mb_s": nbytes / MB / seconds,
-                     "share_of_raw": nbytes / MB / seconds / raw_of[kind],
+        rows.append({"save": kind, "saves": len(mine), "bytes": int(nbytes), "seconds": seconds,
+                     "mb_s": nbytes / MB / seconds, "raw_mb_s": statistics.median(r["raw_mb_s"] for r in mine),
+                     "share_of_raw": statistics.median(r["num_bytes"] / MB / r["seconds"] / r["raw_mb_s"]
+                                                       for r in mine),
                      "share_of_full_bytes": nbytes / full_bytes})
     stalls = {}
     for kind in ("full", "delta"):
@@ -177,19 +179,18 @@ def main(argv: list[str] | None = None) -> int:
             waited = statistics.median(r["waited_seconds"] for r in mine)
             stalls[kind] = {"saves": len(mine), "stall_s": own, "stall_per_step_time": own / step_s,
                             "waited_s": waited, "waited_per_step_time": waited / step_s}
-    result = {"load_average": os.getloadavg(), "raw": raw, "saves": rows, "touched_share": touched,
+    result = {"load_average": os.getloadavg(), "multipart_mb_s": multipart, "saves": rows, "touched_share": touched,
               "step_seconds": step_s, "stall": stalls, "args": vars(args) | {"json": str(args.json)}}
 
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; {args.tables} tables x {args.rows} rows x "
           f"dim {args.dim}, {args.optimizer}, Zipf {args.zipf}, batch {args.batch_size}, "
           f"{args.steps_between} steps between saves: {touched:.1%} of rows touched per delta")
-    print(f"raw s3fs: one object {raw['single_mb_s']:.1f} MB/s, multipart (8 MiB parts, concurrent) "
-          f"{raw['multipart_mb_s']:.1f} MB/s ({full_bytes / MB:.1f} MB); one object of a delta's size "
-          f"{raw['delta_size_mb_s']:.1f} MB/s ({delta_bytes / MB:.2f} MB)")
-    print(f"{'save':6} {'MB':>8} {'s':>7} {'MB/s':>7} {'of raw':>7} {'of full':>8}")
+    print(f"raw s3fs, a full checkpoint's bytes as a multipart upload (8 MiB parts, concurrent): {multipart:.1f} MB/s")
+    print(f"{'save':6} {'n':>2} {'MB':>8} {'s':>7} {'MB/s':>7} {'raw MB/s':>9} {'of raw':>7} {'of full':>8}")
     for r in rows:
-        print(f"{r['save']:6} {r['bytes'] / MB:8.2f} {r['seconds']:7.3f} {r['mb_s']:7.1f} "
-              f"{r['share_of_raw']:7.0%} {r['share_of_full_bytes']:8.1%}")
+        print(f"{r['save']:6} {r['saves']:2} {r['bytes'] / MB:8.2f} {r['seconds']:7.3f} {r['mb_s']:7.1f} "
+              f"{r['raw_mb_s']:9.1f} {r['share_of_raw']:7.0%} {r['share_of_full_bytes']:8.1%}")
+    print("raw MB/s: one PUT of as many bytes right after each save (medians); of raw: the median of those pairs")
     print(f"during training (median step {step_s * 1000:.1f} ms):")
     for kind, s in stalls.items():
         print(f"  {kind:6} saves {s['saves']}: own stall {s['stall_s'] * 1000:.1f} ms = "
