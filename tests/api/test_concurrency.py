@@ -10,11 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import create_engine, func, select, update
 
 from kembed_api.app import create_app
 from kembed_api.jobs.models import Job
 from kembed_api.settings import Settings
+from kembed_api.tenants.models import Tenant
 from kembed_contract.lifecycle import ACTIVE_STATES
 from tests.api.conftest import FakeBackend, ThreadedServer, bearer
 from tests.builders import make_spec
@@ -157,3 +158,39 @@ def test_replicas_starting_together_on_a_new_database_all_come_up(postgres_serve
             assert session.scalar(select(func.count()).select_from(Tenant)) == 1
         for db in databases:
             db.dispose()
+
+
+def test_a_cancel_waits_for_a_dispatcher_pass_instead_of_deadlocking_with_it(tmp_path, postgres_server):
+    """A dispatcher pass changes a tenant's queue count (its row) and then writes a queued job of it (why it
+    waits); a cancel of that job locks the job's row, then the tenant's. On PostgreSQL the two deadlocked (one
+    of them aborted). Here a pass is held open between its two writes while the cancel comes in: the cancel
+    waits for the pass, then cancels."""
+    url = postgres_server.new_database()
+    backend = FakeBackend(slots=1)  # the first job takes the one slot and keeps it: the second stays queued
+    app = create_app(Settings(data_dir=tmp_path, database_url=url, dispatch_interval_s=0.05), backend=backend)
+    tenants = Tenant.__table__
+    with ThreadedServer(app) as server, ThreadPoolExecutor(1) as pool:
+        admin = bearer((tmp_path / "admin-token").read_text().strip())
+        assert httpx.post(f"{server.url}/v1/tenants", headers=admin, json={"name": "team"}).status_code == 201
+        token = bearer(httpx.post(f"{server.url}/v1/tenants/team/tokens", headers=admin,
+                                  json={"name": "ci", "role": "member"}).json()["token"])
+        jobs = [httpx.post(f"{server.url}/v1/jobs", headers=token, json=make_spec(f"j{i}").build()).json()["id"]
+                for i in range(2)]
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{server.url}/v1/jobs/{jobs[0]}", headers=token).json()["state"] == "QUEUED":
+            assert time.monotonic() < deadline, "the first job was never admitted"
+            time.sleep(0.05)
+        queued = jobs[1]
+        db = app.state.db
+        with db.session(write=True) as session:  # a pass, as the dispatcher runs it
+            db.lock_across_replicas(session)
+            session.execute(update(tenants).where(tenants.c.name == "team")
+                            .values(queue_version=tenants.c.queue_version + 1))
+            cancelling = pool.submit(httpx.post, f"{server.url}/v1/jobs/{queued}/cancel", headers=token,
+                                     timeout=60)
+            time.sleep(1.5)  # PostgreSQL looks for deadlocks after 1 s of waiting
+            assert not cancelling.done(), cancelling.result().text
+            session.execute(update(Job).where(Job.id == queued).values(message="waiting for a free slot"))
+        cancelled = cancelling.result(timeout=60)
+        assert cancelled.status_code == 202, cancelled.text
+        assert cancelled.json()["state"] == "CANCELLED"

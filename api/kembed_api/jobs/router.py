@@ -121,6 +121,9 @@ async def get_job(job_id: str, db: Db, principal: Reader, forecasts: QueueForeca
 def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, forecasts: QueueForecasts) -> Response:
     try:
         with db.session(write=True) as session:
+            # One at a time with the dispatcher's passes: a cancel locks the job's row, then its tenant's (the
+            # queue count), and a pass can hold them the other way round (PostgreSQL found the two deadlocked).
+            db.lock_across_replicas(session)
             cancel.request_cancel(session, tenant=principal.tenant, job_id=job_id)
     except JobNotFound:
         raise _not_found(job_id) from None
