@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
@@ -145,6 +146,17 @@ def api_client(tmp_path, backend, database_url):
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+def wait_state(url: str, headers: dict[str, str], job_id: str, *states: str, timeout_s: float = 90.0) -> dict:
+    """The job as the API at `url` shows it once its state is one of `states`; fails naming where it stuck."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = httpx.get(f"{url}/v1/jobs/{job_id}", headers=headers).json()
+        if job["state"] in states:
+            return job
+        assert time.monotonic() < deadline, f"{job_id} stuck in {job['state']}: {job['message']}"
+        time.sleep(0.3)
 
 
 class ThreadedServer:

@@ -125,7 +125,35 @@ def test_install_reconcile_upgrade_uninstall(cluster: Cluster, tmp_path):
         cluster.core().read_namespaced_secret(f"{RELEASE}-kembed-admin-token", NAMESPACE)
 
 
-def _apply_crds(cluster: Cluster) -> None:
+def create_platform_secrets(cluster: Cluster, namespace: str, database_url: str) -> None:
+    """The Secrets a release names by `existingSecret`: S3 keys (`kembed-s3`) and the database URL
+    (`kembed-database`)."""
+    core = cluster.core()
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "kembed-s3"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}})
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "kembed-database"},
+                                              "stringData": {"url": database_url}})
+
+
+def api_healthy(api: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api}/healthz", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def wait_api_healthy(cluster: Cluster, api: str, release: str, namespace: str, *, timeout_s: float) -> None:
+    """Until the release's API pod answers `{api}/healthz`; else fails with the end of its logs."""
+    try:
+        wait_for(lambda: api_healthy(api), timeout_s=timeout_s, interval_s=0.5, what=f"the API pod serving {api}/healthz")
+    except TimeoutError as error:
+        logs = cluster.kubectl("logs", f"deploy/{release}-kembed-api", "--namespace", namespace,
+                               "--all-containers", "--tail=40", check=False)
+        raise AssertionError(f"{error}\n{logs.stdout}{logs.stderr}") from None
+
+
+def apply_crds(cluster: Cluster) -> None:
     """The CRDs as a platform team applies them beside a release installed with crds.install=false (an earlier
     release of this test run may own them already)."""
     manifests = yaml.safe_dump_all(crds.render_crds())
@@ -135,7 +163,7 @@ def _apply_crds(cluster: Cluster) -> None:
              what="tenants.kembed.io served")
 
 
-def _helm_ok(cluster: Cluster, *args: str) -> subprocess.CompletedProcess:
+def helm_ok(cluster: Cluster, *args: str) -> subprocess.CompletedProcess:
     """helm that must succeed; its stderr says why when it did not."""
     result = cluster.helm(*args, check=False, timeout_s=180)
     assert result.returncode == 0, f"helm {args[0]}: {result.stderr}"
@@ -155,13 +183,10 @@ def test_helm_test_runs_against_a_real_api_and_fails_when_it_cannot(cluster: Clu
     """`helm test` for real: the API pod (its `migrate` init container, then `kembed serve` with the kubernetes
     backend) and the test pod run on the local node, against PostgreSQL and this control plane."""
     release, namespace = "ht", "platform-helm-test"
-    _apply_crds(cluster)
+    apply_crds(cluster)
     cluster.create_namespace(namespace)
     core = cluster.core()
-    core.create_namespaced_secret(namespace, {"metadata": {"name": "kembed-s3"}, "stringData": {
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}})
-    core.create_namespaced_secret(namespace, {"metadata": {"name": "kembed-database"},
-                                              "stringData": {"url": postgres_server.new_database()}})
+    create_platform_secrets(cluster, namespace, postgres_server.new_database())
     # The test kubelet maps `<service>.svc:PORT` to 127.0.0.1:PORT, so the Service and the container share one
     # port, free on this machine.
     port = free_port()
@@ -185,26 +210,14 @@ def test_helm_test_runs_against_a_real_api_and_fails_when_it_cannot(cluster: Clu
     ]
     helm_test = ["test", release, "--namespace", namespace, "--logs", "--timeout", "90s"]
 
-    def healthy() -> bool:
-        try:
-            with urllib.request.urlopen(f"{api}/healthz", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
     try:
         # No --wait: the ServiceAccount's token exists only once the release does. The API pod's `migrate` init
         # container runs first, by which time the kubeconfig is in place (if not, the container restarts).
-        _helm_ok(cluster, "install", release, str(CHART), "--namespace", namespace, *values)
+        helm_ok(cluster, "install", release, str(CHART), "--namespace", namespace, *values)
         shutil.copy(cluster.service_account_kubeconfig(namespace, f"{release}-kembed-api"), api_kubeconfig)
         # The test kubelet reports a container ready as soon as it runs (no probes): wait for what the readiness
         # probe checks before `helm test`, as a real kubelet would.
-        try:
-            wait_for(healthy, timeout_s=120, interval_s=0.5, what=f"the API pod serving {api}/healthz")
-        except TimeoutError as error:
-            logs = cluster.kubectl("logs", f"deploy/{release}-kembed-api", "--namespace", namespace,
-                                   "--all-containers", "--tail=40", check=False)
-            raise AssertionError(f"{error}\n{logs.stdout}{logs.stderr}") from None
+        wait_api_healthy(cluster, api, release, namespace, timeout_s=120)
 
         passed = cluster.helm(*helm_test, check=False, timeout_s=150)
         assert passed.returncode == 0, passed.stdout + passed.stderr
@@ -217,7 +230,7 @@ def test_helm_test_runs_against_a_real_api_and_fails_when_it_cannot(cluster: Clu
 
         # NOTES.txt: the printed commands read the token and create a tenant (the Service reached directly here,
         # as the test kubelet has no port-forward), and it names this very `helm test`.
-        notes = _helm_ok(cluster, "get", "notes", release, "--namespace", namespace).stdout
+        notes = helm_ok(cluster, "get", "notes", release, "--namespace", namespace).stdout
         assert f"helm test {release} -n {namespace}" in notes, notes
         created = subprocess.run(["bash", "-euc", _notes_commands(notes) + " -sS -o /dev/null -w '%{http_code}'"],
                                  env={**cluster.env, "API": api}, capture_output=True, text=True, timeout=60)
@@ -234,7 +247,7 @@ def test_helm_test_runs_against_a_real_api_and_fails_when_it_cannot(cluster: Clu
         # The right token again, but no API pod: the health check must fail the test.
         core.patch_namespaced_secret(token_secret, namespace, {"data": {"token": real_token}})
         cluster.kubectl("scale", "deployment", f"{release}-kembed-api", "--namespace", namespace, "--replicas=0")
-        wait_for(lambda: not healthy(), timeout_s=60, what="the API pod gone")
+        wait_for(lambda: not api_healthy(api), timeout_s=60, what="the API pod gone")
         no_api = cluster.helm(*helm_test, check=False, timeout_s=150)
         assert no_api.returncode != 0, no_api.stdout
         assert "Connection refused" in no_api.stdout, no_api.stdout + no_api.stderr

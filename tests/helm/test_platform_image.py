@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import uuid
 
 import httpx
@@ -15,24 +14,15 @@ import pytest
 
 from kembed_api.ports import free_port
 from kembed_contract import resources
+from tests.api.conftest import wait_state
 from tests.builders import make_spec
-from tests.cluster.fixture import Cluster, wait_for
+from tests.cluster.fixture import Cluster
 from tests.fixtures.servers import PostgresServer
-from tests.helm.test_chart import CHART, _apply_crds, _helm_ok
+from tests.helm.test_chart import CHART, apply_crds, create_platform_secrets, helm_ok, wait_api_healthy
 from tests.images.registry import Images, prepull
 from tests.operator import harness
 
 pytestmark = [pytest.mark.cluster, pytest.mark.images, pytest.mark.slow]
-
-
-def _wait_state(url: str, headers: dict, job_id: str, *states: str, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        job = httpx.get(f"{url}/v1/jobs/{job_id}", headers=headers).json()
-        if job["state"] in states:
-            return job
-        assert time.monotonic() < deadline, f"{job_id} stuck in {job['state']}: {job['message']}"
-        time.sleep(1)
 
 
 def test_the_chart_runs_the_platform_image_and_a_job_over_http_succeeds_in_the_trainer_image(
@@ -40,13 +30,10 @@ def test_the_chart_runs_the_platform_image_and_a_job_over_http_succeeds_in_the_t
     release, namespace = "pi", f"platform-image-{uuid.uuid4().hex[:6]}"
     for image in (images.platform, images.trainer):
         prepull(cluster, image)
-    _apply_crds(cluster)
+    apply_crds(cluster)
     cluster.create_namespace(namespace)
     core = cluster.core()
-    core.create_namespaced_secret(namespace, {"metadata": {"name": "kembed-s3"}, "stringData": {
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}})
-    core.create_namespaced_secret(namespace, {"metadata": {"name": "kembed-database"},
-                                              "stringData": {"url": postgres_server.new_database()}})
+    create_platform_secrets(cluster, namespace, postgres_server.new_database())
     s3_server.create_bucket("kembed-test")
     # Pods share the host network here: every port a pod listens on is a free one of this machine.
     port, rendezvous_port, health_port = free_port(), free_port(), free_port()
@@ -74,20 +61,9 @@ def test_the_chart_runs_the_platform_image_and_a_job_over_http_succeeds_in_the_t
     ]
     tenant = harness.tenant_name()
     try:
-        _helm_ok(cluster, "install", release, str(CHART), "--namespace", namespace, *values)
+        helm_ok(cluster, "install", release, str(CHART), "--namespace", namespace, *values)
 
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"{api}/healthz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        try:
-            wait_for(healthy, timeout_s=240, interval_s=1, what=f"the API pod serving {api}/healthz")
-        except TimeoutError as error:
-            logs = cluster.kubectl("logs", f"deploy/{release}-kembed-api", "--namespace", namespace,
-                                   "--all-containers", "--tail=40", check=False)
-            raise AssertionError(f"{error}\n{logs.stdout}{logs.stderr}") from None
+        wait_api_healthy(cluster, api, release, namespace, timeout_s=240)
         # Both of the platform's pods run the platform image, pulled from the registry.
         for component in ("api", "operator"):
             pod = core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/component={component}").items
@@ -109,7 +85,7 @@ def test_the_chart_runs_the_platform_image_and_a_job_over_http_succeeds_in_the_t
         spec["resources"] = {"nodes": 1, "procs_per_node": 1, "cpu_per_node": 1, "memory_per_node": "2Gi"}
         job = httpx.post(f"{api}/v1/jobs", json=spec, headers=headers)
         assert job.status_code in (200, 201, 202), job.text
-        done = _wait_state(api, headers, job.json()["id"], "SUCCEEDED", "FAILED", timeout_s=420)
+        done = wait_state(api, headers, job.json()["id"], "SUCCEEDED", "FAILED", timeout_s=420)
         assert done["state"] == "SUCCEEDED", done
         trainer_pods = harness.job_pods(cluster, resources.tenant_namespace(tenant), job.json()["id"])
         assert trainer_pods and all(p.status.container_statuses[0].image_id.startswith(f"{trainer_repository}@sha256:")

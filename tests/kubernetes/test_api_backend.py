@@ -12,7 +12,7 @@ from kembed_api.app import create_app
 from kembed_api.backends.kubernetes import KubernetesBackend
 from kembed_api.settings import Settings
 from kembed_contract import resources
-from tests.api.conftest import ThreadedServer, bearer
+from tests.api.conftest import ThreadedServer, bearer, wait_state
 from tests.builders import make_spec
 from tests.operator import harness
 
@@ -77,16 +77,6 @@ def gpu_job(name: str, **labels: str) -> dict:
     spec["resources"] = {"nodes": 2, "gpus_per_node": 8, "cpu_per_node": 2, "memory_per_node": "8Gi"}
     spec["labels"] = labels
     return spec
-
-
-def wait_state(url, token, job_id, *states, timeout_s=90.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        job = httpx.get(f"{url}/v1/jobs/{job_id}", headers=token).json()
-        if job["state"] in states:
-            return job
-        assert time.monotonic() < deadline, f"{job_id} stuck in {job['state']}: {job['message']}"
-        time.sleep(0.3)
 
 
 def test_a_job_runs_as_an_embedding_job_and_its_end_comes_back(platform, node_pool, api):
