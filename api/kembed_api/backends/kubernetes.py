@@ -149,17 +149,24 @@ class KubernetesBackend:
             report_token_secret=secret_name, labels={"app.kubernetes.io/managed-by": "kembed-api"},
         )
         try:
-            self.custom.create_namespaced_custom_object(resources.GROUP, resources.VERSION, namespace,
-                                                        resources.EMBEDDING_JOB_PLURAL, manifest)
+            created = self.custom.create_namespaced_custom_object(resources.GROUP, resources.VERSION, namespace,
+                                                                  resources.EMBEDDING_JOB_PLURAL, manifest)
         except ApiException as error:
             if error.status != 409:
                 raise
             # Already there: created by an earlier, interrupted attempt (follow that one), or preempted and now
             # admitted again (its gang starts anew and resumes from its checkpoint).
-            self.custom.patch_namespaced_custom_object(
+            created = self.custom.patch_namespaced_custom_object(
                 resources.GROUP, resources.VERSION, namespace, resources.EMBEDDING_JOB_PLURAL, launch.job_id,
                 {"spec": {"suspend": False, "report_url": launch.report_url}})
+        self._remember(created)
         return {"namespace": namespace, "name": launch.job_id, "attempt": launch.attempt}
+
+    def _remember(self, obj: dict[str, Any]) -> None:
+        """The EmbeddingJob as the API server answered a write of ours: newer than the pass's cached list, which
+        must not show a later poll the spec from before that write."""
+        with self._lock:
+            self._jobs[obj["metadata"]["name"]] = obj
 
     def _refresh(self) -> None:
         """One cluster-wide list per dispatcher pass instead of one read per job."""
@@ -184,6 +191,12 @@ class KubernetesBackend:
         if status.phase in (JobState.FAILED, JobState.CANCELLED):
             # The operator already spent the job's restarts; a failure here is final.
             return Exit(succeeded=False, retryable=False, reason=status.reason or "Failed", message=detail)
+        generation = obj["metadata"].get("generation")
+        if status.observed_generation is not None and generation and status.observed_generation < generation:
+            # The operator has not acted on the latest spec yet (say, the API just admitted a preempted job
+            # again): its status is about the spec before, and its "suspended and stopped" would requeue the
+            # job just started, again and again, each time with a new report token.
+            return None
         if status.phase in (JobState.RUNNING, JobState.RESTARTING, JobState.PREEMPTED, JobState.QUEUED):
             return Observed(state=status.phase, reason=status.reason or status.phase.title(),
                             message=status.message or "", restart_count=status.restart_count)
@@ -197,8 +210,9 @@ class KubernetesBackend:
         obj = self._jobs.get(job_id)
         if obj is None:
             return
-        self.custom.patch_namespaced_custom_object(resources.GROUP, resources.VERSION, obj["metadata"]["namespace"],
-                                                   resources.EMBEDDING_JOB_PLURAL, job_id, {"spec": fields})
+        self._remember(self.custom.patch_namespaced_custom_object(
+            resources.GROUP, resources.VERSION, obj["metadata"]["namespace"], resources.EMBEDDING_JOB_PLURAL, job_id,
+            {"spec": fields}))
 
     def preempt(self, job_id: str) -> None:
         self._patch_spec(job_id, {"suspend": True})  # the batch Job is suspended: pods get SIGTERM and save
