@@ -169,6 +169,7 @@ def test_a_borrowers_gang_saves_gives_the_lender_its_quota_back_and_resumes_with
     assert held_at <= stopped_at < _STEPS  # it stopped where it was held, or a step or two on
     reasons = [e[1] for e in events]
     assert reasons.index("ReclaimedByLender") < reasons.index("Requeued") < reasons.index("Resumed")
+    assert reasons.count("Requeued") == reasons.count("Resumed") == 1, events  # requeued once, not on stale status
     assert reasons[-1] == "Completed" and done["restart_count"] == 0  # a preemption is not a failure
     # The cluster saw it too: the EmbeddingJob was suspended (PREEMPTED, or at once QUEUED once its pods had
     # stopped: the operator may write only the latter) and the same job ran again.
