@@ -151,7 +151,11 @@ def frozen(job_id: str, logs: Callable[[], str], *, after_step: int,
         pids = trainer_pids(job_id)
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
-        step = last_logged_step(logs())
+        try:
+            step = last_logged_step(logs())
+        except BaseException:
+            _continue(pids)  # never leave a trainer stopped behind a failed read
+            raise
         if pids and step >= after_step and sorted(trainer_pids(job_id)) == sorted(pids):
             break
         _continue(pids)
