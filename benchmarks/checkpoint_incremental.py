@@ -63,19 +63,11 @@ def bench_config(args: argparse.Namespace, uri: str, **checkpoint: object):
     })
 
 
-def raw_put_mb_s(fs, path: str, payload: bytes) -> float:
-    """MB/s of one PUT of `payload`, however large."""
+def put_mb_s(fs, path: str, payload: bytes, *, part_bytes: int | None = None) -> float:
+    """MB/s of writing `payload` through s3fs: in one PUT however large, or as a multipart upload of
+    `part_bytes` parts (s3fs sends them concurrently)."""
     start = time.perf_counter()
-    fs.pipe_file(path, payload, chunksize=max(len(payload), 5 * 2**20))
-    seconds = time.perf_counter() - start
-    fs.rm(path)
-    return len(payload) / MB / seconds
-
-
-def multipart_mb_s(fs, path: str, payload: bytes) -> float:
-    """MB/s of `payload` as a multipart upload of 8 MiB parts (s3fs sends them concurrently)."""
-    start = time.perf_counter()
-    fs.pipe_file(path, payload, chunksize=8 * 2**20)
+    fs.pipe_file(path, payload, chunksize=part_bytes or max(len(payload), 5 * 2**20))
     seconds = time.perf_counter() - start
     fs.rm(path)
     return len(payload) / MB / seconds
@@ -106,7 +98,7 @@ def saves_alone(args: argparse.Namespace, uri: str, fs, payload: bytes) -> tuple
                 touched.append(changed / (args.rows * args.tables))
             trainer.save(wait=True)
             saved = checkpoint_records(out)[-1]
-            saved["raw_mb_s"] = raw_put_mb_s(fs, "bench/raw/paired", payload[: saved["num_bytes"]])
+            saved["raw_mb_s"] = put_mb_s(fs, "bench/raw/paired", payload[: saved["num_bytes"]])
             paired.append(saved)
     finally:
         trainer.close()
@@ -154,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         payload = os.urandom(2 * table_bytes)  # more than a full checkpoint (tables, optimizer state, dense part)
         alone, touched = saves_alone(args, "s3://bench/alone", fs, payload)
         full_bytes = statistics.median(r["num_bytes"] for r in alone if r["kind"] == "full")
-        multipart = statistics.median(multipart_mb_s(fs, "bench/raw/multi", payload[: int(full_bytes)])
-                                      for _ in range(args.repeats))
+        multipart = statistics.median(put_mb_s(fs, "bench/raw/multi", payload[: int(full_bytes)],
+                                               part_bytes=8 * 2**20) for _ in range(args.repeats))
         during, step_s = saves_during_training(args, "s3://bench/during")
     finally:
         proc.kill()
