@@ -7,7 +7,6 @@ trainers on the test kubelet's local node, checkpoints in S3 (moto)."""
 from __future__ import annotations
 
 import re
-import time
 import uuid
 
 import httpx
@@ -18,7 +17,7 @@ from kembed_api.backends.kubernetes import KubernetesBackend
 from kembed_api.ports import free_port
 from kembed_api.settings import Settings
 from kembed_contract import resources
-from tests.api.conftest import ThreadedServer, bearer
+from tests.api.conftest import ThreadedServer, bearer, wait_state
 from tests.builders import make_spec
 from tests.cluster import controlplane
 from tests.cluster.fixture import Cluster, wait_for
@@ -91,16 +90,6 @@ def _job(name: str, *, cpu: float, steps: int) -> dict:
     return spec
 
 
-def _wait(url: str, token: dict, job_id: str, done, *, what: str, timeout_s: float = 240) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        job = httpx.get(f"{url}/v1/jobs/{job_id}", headers=token).json()
-        if done(job):
-            return job
-        assert time.monotonic() < deadline, f"{job_id} never {what}: {job['state']} {job['message']}"
-        time.sleep(0.3)
-
-
 def _losses(url: str, token: dict, job_id: str) -> dict[int, float]:
     """The job's loss at each step; a step reported twice (a rerun) must report the same loss."""
     records = httpx.get(f"{url}/v1/jobs/{job_id}/metrics", headers=token,
@@ -129,7 +118,7 @@ def test_a_borrowers_gang_saves_gives_the_lender_its_quota_back_and_resumes_with
     victim = httpx.post(f"{url}/v1/jobs", headers=tokens["borrower"], json=_job("victim", cpu=2, steps=_STEPS))
     assert victim.status_code == 201, victim.text
     victim = victim.json()
-    running = _wait(url, tokens["borrower"], victim["id"], lambda j: j["state"] == "RUNNING", what="ran")
+    running = wait_state(url, tokens["borrower"], victim["id"], "RUNNING", timeout_s=240)
     assert any("borrowing its cohort's idle quota" in e["message"] for e in running["events"])
     namespace = resources.tenant_namespace(names["borrower"])
     # Held still mid-run until it is asked to stop, so that the lender's job finds it there on any machine.
@@ -152,11 +141,9 @@ def test_a_borrowers_gang_saves_gives_the_lender_its_quota_back_and_resumes_with
         lender_job = lender_job.json()
         wait_for(asked_to_stop, timeout_s=120, what="the borrower's trainers asked to stop (SIGTERM)")
         assert harness.read_job(platform, namespace, victim["id"])["spec"]["suspend"] is True  # asked to save first
-    finished = _wait(url, tokens["lender"], lender_job["id"], lambda j: j["state"] in ("SUCCEEDED", "FAILED"),
-                     what="finished")
+    finished = wait_state(url, tokens["lender"], lender_job["id"], "SUCCEEDED", "FAILED", timeout_s=240)
     assert finished["state"] == "SUCCEEDED", finished["message"]
-    done = _wait(url, tokens["borrower"], victim["id"], lambda j: j["state"] in ("SUCCEEDED", "FAILED"),
-                 what="finished", timeout_s=400)
+    done = wait_state(url, tokens["borrower"], victim["id"], "SUCCEEDED", "FAILED", timeout_s=400)
     assert done["state"] == "SUCCEEDED", done["message"]
 
     events = [(e["state"], e["reason"], e["message"]) for e in done["events"]]
@@ -186,8 +173,7 @@ def test_a_borrowers_gang_saves_gives_the_lender_its_quota_back_and_resumes_with
     # preempted one are its own, bit for bit (CPU).
     reference = httpx.post(f"{url}/v1/jobs", headers=tokens["borrower"], json=_job("reference", cpu=2, steps=_STEPS))
     assert reference.status_code == 201, reference.text
-    reference = _wait(url, tokens["borrower"], reference.json()["id"],
-                      lambda j: j["state"] in ("SUCCEEDED", "FAILED"), what="finished", timeout_s=400)
+    reference = wait_state(url, tokens["borrower"], reference.json()["id"], "SUCCEEDED", "FAILED", timeout_s=400)
     assert reference["state"] == "SUCCEEDED", reference["message"]
     assert losses == _losses(url, tokens["borrower"], reference["id"])
     assert done["result"] == reference["result"]
