@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import pathlib
+import signal
 import subprocess
 import sys
+import threading
 import uuid
 
 import fsspec
@@ -20,6 +22,7 @@ from tests.trainer.conftest import REPO, run_trainer, tiny_config, trainer_env, 
 CHAIN = {"every_steps": 5, "incremental": True, "full_every": 4, "max_chain_share": 100, "keep": 10}
 STEPS = 30
 RUN_TIMEOUT_S = 600  # seconds on a quiet machine; the limit only stops a hung run
+HANG_WAIT_S = 240  # for the trainer to reach a save that takes seconds; past it, where it is stuck is the failure
 # Admission counts change on rows other than the ones trained: deltas must carry them too.
 TABLES_WITH_ADMISSION = [
     {"name": "t0", "num_embeddings": 2000, "embedding_dim": 8, "features": ["c0"], "admit_after": 2},
@@ -87,16 +90,33 @@ sys.exit(__main__.main(["--config", sys.argv[1]]))
 
 
 def run_until_hang(config: pathlib.Path, phase: str, **env: str) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HANGS_AT, str(config), phase],
-        env=trainer_env(**env), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
-    )
-    try:
+    """Runs the trainer until it prints HANG, then SIGKILLs it. A trainer that neither hangs nor ends within
+    HANG_WAIT_S is stopped with SIGABRT instead, so that faulthandler prints where each of its threads was: the
+    failure then shows what the trainer was stuck on, not only that it was."""
+    stderr = config.with_suffix(".stderr")
+    with stderr.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "faulthandler", "-c", HANGS_AT, str(config), phase],
+            env=trainer_env(**env), stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO,
+        )
+    hung = threading.Event()
+
+    def watch() -> None:
         for line in proc.stdout:
             if line.startswith("HANG"):
-                break
-        else:
-            raise AssertionError(f"the trainer ended before its {phase} hang (exit {proc.wait()})")
+                hung.set()
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        watcher.join(HANG_WAIT_S)
+        if watcher.is_alive():
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(timeout=30)
+            raise AssertionError(f"the trainer neither reached its {phase} hang nor ended in {HANG_WAIT_S} s; "
+                                 f"its threads then:\n{stderr.read_text()[-6000:]}")
+        assert hung.is_set(), f"the trainer ended before its {phase} hang (exit {proc.wait()})"
     finally:
         proc.kill()  # SIGKILL: no handler runs, nothing is flushed or cleaned up
         proc.wait(timeout=30)
