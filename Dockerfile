@@ -5,22 +5,34 @@
 # The base is a build argument so a build without access to Docker Hub can use a local Python 3.11 bookworm image
 # (`make images` does: see docs/testing.md); everyone else keeps the official one.
 ARG BASE=python:3.11-slim-bookworm
-FROM ${BASE}
+ARG DEPS=deps
 
+FROM ${BASE} AS deps
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-
 WORKDIR /opt/kembed
-# Pinned dependencies first (their layer survives code changes), then the packages themselves.
+COPY pyproject.toml constraints.txt ./
+# Two stages, as in the trainer's image: `deps` installs the pinned requirements of the project and of its api and
+# operator extras, read from pyproject.toml; the final stage only kembed's own packages, so a code change rebuilds
+# seconds of work. DEPS may name a `deps` stage built before (an image reference), as `make images` does.
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['api'] + p['optional-dependencies']['operator']))" \
+    > /tmp/platform-requirements.txt \
+    && pip install -c constraints.txt -r /tmp/platform-requirements.txt \
+    && rm /tmp/platform-requirements.txt
+
+FROM ${DEPS}
+WORKDIR /opt/kembed
 COPY pyproject.toml constraints.txt README.md ./
 COPY contract ./contract
 COPY api ./api
 COPY operator ./operator
 # kembed_contract.spec imports the trainer's config model (pydantic only): ship that package, not its extra (torch).
 COPY trainer_image/kembed_trainer ./trainer_image/kembed_trainer
-RUN pip install -c constraints.txt ".[api,operator]" \
+# --no-deps: the deps stage installed them from the same pyproject.toml and pins.
+RUN pip install --no-deps -c constraints.txt ".[api,operator]" \
     && python -c "import kembed_api.app, kembed_operator.__main__" \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent kembed
 

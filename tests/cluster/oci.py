@@ -43,6 +43,8 @@ LOCAL_REFERENCE = re.compile(
     r"(?P<host>(?:127\.0\.0\.1|localhost):\d+)/(?P<repository>[a-z0-9]+(?:[._/-][a-z0-9]+)*)"
     r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?"
 )
+# Room for two builds of the trainer's dependency layer (5 GB each) and the small layers around them.
+LAYER_CACHE_BYTES = 12 * 2**30
 DEFAULT_CAPABILITIES = [  # what containerd and CRI-O grant a container by default
     "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
     "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
@@ -79,10 +81,13 @@ class Image:
 
 
 class ImageStore:
-    """Pulled layers under `root` (kept across runs; the same layer is unpacked once)."""
+    """Pulled layers under `root` (kept across runs; the same layer is unpacked once). Each new layer makes room
+    for itself: past `max_bytes`, the layers pulled least recently go, except those a container's overlay mounts
+    now (every build of the trainer's dependencies is a new 5 GB layer, and nothing else would ever remove one)."""
 
-    def __init__(self, root: pathlib.Path):
+    def __init__(self, root: pathlib.Path, max_bytes: int = LAYER_CACHE_BYTES):
         self.root = root
+        self.max_bytes = max_bytes
         (root / "layers").mkdir(parents=True, exist_ok=True)
 
     def pull(self, image: str) -> Image:
@@ -97,7 +102,9 @@ class ImageStore:
                 raise ImagePullError(f"{image}: no linux/amd64 image in its index")
             manifest, digest = self._manifest(reference, chosen["digest"])
         config = json.loads(self._blob(reference, manifest["config"]["digest"]))
-        layers = [self._layer(reference, layer["digest"], layer.get("mediaType", "")) for layer in manifest["layers"]]
+        wanted = [self._layer_dir(layer["digest"]) for layer in manifest["layers"]]
+        layers = [self._layer(reference, layer["digest"], layer.get("mediaType", ""), keep=wanted)
+                  for layer in manifest["layers"]]
         return Image(digest, layers, config.get("config") or {})
 
     # -- the registry's /v2 API --
@@ -129,24 +136,46 @@ class ImageStore:
             raise ImagePullError(f"blob {digest} does not match its digest")
         return body
 
-    def _layer(self, reference: Reference, digest: str, media_type: str) -> pathlib.Path:
-        """The layer unpacked into its own directory, overlayfs whiteouts in place of the OCI `.wh.` files."""
-        target = self.root / "layers" / digest.replace(":", "-")
-        if target.is_dir():
-            return target
+    def _layer_dir(self, digest: str) -> pathlib.Path:
+        return self.root / "layers" / digest.replace(":", "-")
+
+    def _layer(self, reference: Reference, digest: str, media_type: str, *, keep: list[pathlib.Path]) -> pathlib.Path:
+        """The layer unpacked into its own directory, overlayfs whiteouts in place of the OCI `.wh.` files. Room
+        is made for a new one among the layers not in `keep` (the rest of the image being pulled)."""
+        target = self._layer_dir(digest)
         with open(self.root / "layers" / ".lock", "w") as lock:  # one unpacker of a layer at a time, any process
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if target.is_dir():
-                return target
-            scratch = pathlib.Path(tempfile.mkdtemp(prefix=".unpack-", dir=self.root / "layers"))
-            try:
-                self._unpack(reference, digest, media_type, scratch)
-                scratch.rename(target)
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
+            if not target.is_dir():
+                scratch = pathlib.Path(tempfile.mkdtemp(prefix=".unpack-", dir=self.root / "layers"))
+                try:
+                    size = self._unpack(reference, digest, media_type, scratch)
+                    self._make_room(size, keep)
+                    scratch.rename(target)
+                    _size_file(target).write_text(str(size))
+                finally:
+                    shutil.rmtree(scratch, ignore_errors=True)
+            os.utime(target)  # pulled now: the last to go
         return target
 
-    def _unpack(self, reference: Reference, digest: str, media_type: str, directory: pathlib.Path) -> None:
+    def _make_room(self, needed: int, keep: list[pathlib.Path]) -> None:
+        """Removes the least recently pulled layers, but those in `keep`, until `needed` more bytes fit under
+        `max_bytes`."""
+        layers = sorted((p for p in (self.root / "layers").glob("sha256-*") if p.is_dir()),
+                        key=lambda p: p.stat().st_mtime)
+        sizes = {layer: _layer_size(layer) for layer in layers}
+        total = sum(sizes.values())
+        mounted = _mounted_lower_dirs()
+        for layer in layers:
+            if total + needed <= self.max_bytes:
+                return
+            if layer in keep or str(layer) in mounted:
+                continue
+            _size_file(layer).unlink(missing_ok=True)
+            shutil.rmtree(layer, ignore_errors=True)
+            total -= sizes[layer]
+
+    def _unpack(self, reference: Reference, digest: str, media_type: str, directory: pathlib.Path) -> int:
+        """Unpacks the layer into `directory`; the bytes it takes there."""
         checksum = hashlib.sha256()
         # The layer's media type says its compression (tar cannot tell it from a pipe): `make images` pushes
         # uncompressed layers, other pushes gzip (Docker's and OCI's `.tar.gzip`) or zstd.
@@ -176,6 +205,36 @@ class ImageStore:
         if "sha256:" + checksum.hexdigest() != digest:
             raise ImagePullError(f"layer {digest} does not match its digest")
         convert_whiteouts(directory)
+        return _layer_size(directory)
+
+
+def _size_file(layer: pathlib.Path) -> pathlib.Path:
+    return layer.with_name(layer.name + ".size")
+
+
+def _layer_size(layer: pathlib.Path) -> int:
+    """Bytes a layer takes on disk: recorded when it was unpacked, else counted (and then recorded)."""
+    with contextlib.suppress(OSError, ValueError):
+        return int(_size_file(layer).read_text())
+    size = sum(os.lstat(os.path.join(parent, name)).st_size
+               for parent, _dirs, files in os.walk(layer) for name in files)
+    if layer.name.startswith("sha256-"):
+        with contextlib.suppress(OSError):
+            _size_file(layer).write_text(str(size))
+    return size
+
+
+def _mounted_lower_dirs() -> set[str]:
+    """The layer directories some overlay mount of this machine reads now (a container is running on them)."""
+    lower: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in pathlib.Path("/proc/self/mounts").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 3 and fields[2] == "overlay":
+                for option in fields[3].split(","):
+                    if option.startswith("lowerdir="):
+                        lower.update(option.removeprefix("lowerdir=").split(":"))
+    return lower
 
 
 def convert_whiteouts(directory: pathlib.Path) -> None:

@@ -5,7 +5,7 @@
 #
 #   base      a Python 3.11 bookworm root filesystem from Debian's packages (mmdebstrap), a venv first on PATH
 #             (where the official python image has /usr/local); what the Dockerfiles get as --build-arg BASE.
-#   platform  Dockerfile, FROM that base.
+#   platform  Dockerfile, FROM that base, in two steps like the trainer: its pins (`deps`), then its code.
 #   trainer   trainer_image/Dockerfile, FROM that base: the CPU path of the same torch wheel (no CUDA base here).
 #
 # Every image is tagged with a hash of its inputs (the base's: this script's base recipe; the others': their
@@ -93,14 +93,20 @@ copied() {  # DOCKERFILE
 }
 mapfile -t platform_inputs < <(copied Dockerfile)
 mapfile -t trainer_inputs < <(copied trainer_image/Dockerfile)
-# The trainer's `deps` stage (torch and the other pins, gigabytes) is its own image, rebuilt only when what it
-# installs can change: the trainer's requirements in pyproject.toml (not the rest of that file), the pins, or that
-# stage's own lines. A change to the trainer's code, the README or the final stage rebuilds the thin final stage.
-trainer_requirements() {
+# Each Dockerfile's `deps` stage (the pins it installs; for the trainer, gigabytes of torch) is an image of its own,
+# rebuilt only when what it installs can change: the requirements of the project and of the image's extras in
+# pyproject.toml (not the rest of that file), the pins, or that stage's own lines. A change to kembed's code, the
+# README or the final stage rebuilds the thin final stage alone.
+requirements() {  # EXTRA...
   python3 -c "import sys, tomllib; p = tomllib.load(open(sys.argv[1], 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['trainer']))" "$repo/pyproject.toml"
+print('\n'.join(p['dependencies'] + [r for extra in sys.argv[2:] for r in p['optional-dependencies'][extra]]))" \
+    "$repo/pyproject.toml" "$@"
 }
-deps_stage() { sed '/^FROM \${DEPS}/,$d' "$repo/trainer_image/Dockerfile"; }
+deps_tag() {  # NAME DOCKERFILE EXTRA...
+  local name="$1" dockerfile="$2"; shift 2
+  printf 'localhost/kembed/%s-deps:%s' "$name" "$(printf '%s %s %s %s' "$base_tag" "$(hash_inputs constraints.txt)" \
+    "$(requirements "$@" | sha256sum)" "$(sed '/^FROM \${DEPS}/,$d' "$repo/$dockerfile" | sha256sum)" | sha256sum | cut -c1-16)"
+}
 
 image_tag() {  # NAME INPUTS...
   local name="$1"; shift
@@ -142,11 +148,13 @@ check_no_build_cas() {  # TAG
 }
 
 case " $images " in *" base "*|*" platform "*|*" trainer "*) build_base ;; esac
+platform_deps_tag=$(deps_tag platform Dockerfile api operator)
 platform_tag=$(image_tag platform "${platform_inputs[@]}")
-trainer_deps_tag="localhost/kembed/trainer-deps:$(printf '%s %s %s %s' "$base_tag" "$(hash_inputs constraints.txt)" \
-  "$(trainer_requirements | sha256sum)" "$(deps_stage | sha256sum)" | sha256sum | cut -c1-16)"
+trainer_deps_tag=$(deps_tag trainer trainer_image/Dockerfile trainer)
 trainer_tag=$(image_tag trainer "${trainer_inputs[@]}")
-case " $images " in *" platform "*) build_dockerfile platform Dockerfile "$platform_tag" ;; esac
+case " $images " in *" platform "*)
+  build_dockerfile platform-deps Dockerfile "$platform_deps_tag" --target deps
+  build_dockerfile platform Dockerfile "$platform_tag" --build-arg "DEPS=$platform_deps_tag" ;; esac
 case " $images " in *" trainer "*)
   build_dockerfile trainer-deps trainer_image/Dockerfile "$trainer_deps_tag" --target deps
   build_dockerfile trainer trainer_image/Dockerfile "$trainer_tag" --build-arg "DEPS=$trainer_deps_tag" ;; esac
@@ -174,9 +182,11 @@ push_all() {  # TAG...: to a registry started on a free port for the push, stopp
   config="$cache/images/registry.yaml"
   printf 'version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: 127.0.0.1:%s\n' \
     "$cache/registry" "$port" > "$config"
-  "$registry_bin" serve "$config" > "$cache/images/registry.log" 2>&1 &
+  # Without the build lock (fd 9): a registry left running must not hold every later build back.
+  "$registry_bin" serve "$config" > "$cache/images/registry.log" 2>&1 9>&- &
   pid=$!
-  trap 'kill "$pid" 2>/dev/null || true' EXIT
+  registry_pid=$pid  # global: the trap runs after this function's locals are gone
+  trap 'kill "$registry_pid" 2>/dev/null || true' EXIT
   for _ in $(seq 50); do curl -fs "http://127.0.0.1:$port/v2/" >/dev/null && break; sleep 0.2; done
   for tag in "$@"; do
     local ref="${tag#localhost/}"
@@ -192,6 +202,27 @@ push_all() {  # TAG...: to a registry started on a free port for the push, stopp
   done
   kill "$pid"; wait "$pid" 2>/dev/null || true
   trap - EXIT
+  prune_registry "$config" "$@"
+}
+
+# The registry keeps every tag pushed to it, and the trainer's deps layer is gigabytes: each repository keeps its
+# newest $registry_keep tags (other worktrees' recent builds) and this tree's, and the registry's own garbage
+# collector then deletes the blobs no kept tag needs. A test run still reading a removed tag would fail its pull, so
+# the count is generous.
+registry_keep=4
+prune_registry() {  # CONFIG TAG...: the registry stopped
+  local config="$1" tags old current tag
+  shift
+  for tags in "$cache"/registry/docker/registry/v2/repositories/kembed/*/_manifests/tags; do
+    [[ -d "$tags" ]] || continue
+    for old in $(ls -1t "$tags" | tail -n +$((registry_keep + 1))); do
+      current=no
+      for tag in "$@"; do [[ "$tag" == *":$old" && "$tags" == */"$(basename "${tag%:*}")"/_manifests/tags ]] && current=yes; done
+      [[ $current == yes ]] || rm -rf "${tags:?}/$old"
+    done
+  done
+  "$registry_bin" garbage-collect --delete-untagged "$config" > "$cache/images/registry-gc.log" 2>&1 ||
+    log "registry garbage collection failed (see $cache/images/registry-gc.log); the storage keeps its blobs"
 }
 
 built=()
@@ -208,6 +239,7 @@ prune() {  # NAME CURRENT-TAG
   done
 }
 prune platform "$platform_tag"
+prune platform-deps "$platform_deps_tag"
 prune trainer "$trainer_tag"
 prune trainer-deps "$trainer_deps_tag"
 
