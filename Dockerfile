@@ -20,7 +20,7 @@ COPY pyproject.toml constraints.txt ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 print('\n'.join(p['dependencies'] + p['optional-dependencies']['api'] + p['optional-dependencies']['operator']))" \
     > /tmp/platform-requirements.txt \
-    && pip install -c constraints.txt -r /tmp/platform-requirements.txt \
+    && pip install --no-cache-dir -c constraints.txt -r /tmp/platform-requirements.txt \
     && rm /tmp/platform-requirements.txt
 
 FROM ${DEPS}
@@ -32,7 +32,7 @@ COPY operator ./operator
 # kembed_contract.spec imports the trainer's config model (pydantic only): ship that package, not its extra (torch).
 COPY trainer_image/kembed_trainer ./trainer_image/kembed_trainer
 # --no-deps: the deps stage installed them from the same pyproject.toml and pins.
-RUN pip install --no-deps -c constraints.txt ".[api,operator]" \
+RUN pip install --no-cache-dir --no-deps -c constraints.txt ".[api,operator]" \
     && python -c "import kembed_api.app, kembed_operator.__main__" \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent kembed
 
