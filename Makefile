@@ -5,10 +5,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 export KEMBED_CACHE ?= $(HOME)/.cache/kembed
 # The venv is filled by uv (pinned, itself installed once into the cache by pip): from its cache it links the
-# wheels in where pip would unpack gigabytes of torch again on every fresh clone (docs/testing.md, "Time").
+# wheels in where pip would unpack gigabytes of torch again on every fresh clone (README, "Set-up").
 # Both caches live outside the repo.
 export PIP_CACHE_DIR ?= $(KEMBED_CACHE)/pip
 export UV_CACHE_DIR ?= $(KEMBED_CACHE)/uv
+# Compiled at install, as pip does: processes that may not write bytecode (the local backend's sandboxed trainers)
+# would otherwise compile torch from source at every start.
+export UV_COMPILE_BYTECODE ?= 1
 UV_VERSION := 0.13.8
 UV := $(KEMBED_CACHE)/uv-$(UV_VERSION)/bin/uv
 
