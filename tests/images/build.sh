@@ -176,7 +176,7 @@ build_registry() {
 }
 
 push_all() {  # TAG...: to a registry started on a free port for the push, stopped after
-  local port config pid tag start
+  local port config tag start
   build_registry
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   config="$cache/images/registry.yaml"
@@ -184,8 +184,7 @@ push_all() {  # TAG...: to a registry started on a free port for the push, stopp
     "$cache/registry" "$port" > "$config"
   # Without the build lock (fd 9): a registry left running must not hold every later build back.
   "$registry_bin" serve "$config" > "$cache/images/registry.log" 2>&1 9>&- &
-  pid=$!
-  registry_pid=$pid  # global: the trap runs after this function's locals are gone
+  registry_pid=$!  # global: the trap runs after this function's locals are gone
   trap 'kill "$registry_pid" 2>/dev/null || true' EXIT
   for _ in $(seq 50); do curl -fs "http://127.0.0.1:$port/v2/" >/dev/null && break; sleep 0.2; done
   for tag in "$@"; do
@@ -200,7 +199,7 @@ push_all() {  # TAG...: to a registry started on a free port for the push, stopp
     bah push --disable-compression --tls-verify=false "$tag" "docker://127.0.0.1:$port/${tag#localhost/}" >/dev/null
     log "pushed ${tag#localhost/} in $(( $(seconds) - start )) s"
   done
-  kill "$pid"; wait "$pid" 2>/dev/null || true
+  kill "$registry_pid"; wait "$registry_pid" 2>/dev/null || true
   trap - EXIT
   prune_registry "$config" "$@"
 }
@@ -211,14 +210,14 @@ push_all() {  # TAG...: to a registry started on a free port for the push, stopp
 # the count is generous.
 registry_keep=4
 prune_registry() {  # CONFIG TAG...: the registry stopped
-  local config="$1" tags old current tag
+  local config="$1" tags repository old
   shift
+  local current=" ${*#localhost/} "  # this tree's tags as the registry names them: " kembed/NAME:HASH ... "
   for tags in "$cache"/registry/docker/registry/v2/repositories/kembed/*/_manifests/tags; do
     [[ -d "$tags" ]] || continue
+    repository="kembed/$(basename "$(dirname "$(dirname "$tags")")")"
     for old in $(ls -1t "$tags" | tail -n +$((registry_keep + 1))); do
-      current=no
-      for tag in "$@"; do [[ "$tag" == *":$old" && "$tags" == */"$(basename "${tag%:*}")"/_manifests/tags ]] && current=yes; done
-      [[ $current == yes ]] || rm -rf "${tags:?}/$old"
+      [[ "$current" == *" $repository:$old "* ]] || rm -rf "${tags:?}/$old"
     done
   done
   "$registry_bin" garbage-collect --delete-untagged "$config" > "$cache/images/registry-gc.log" 2>&1 ||
