@@ -11,9 +11,10 @@ complete: its full checkpoint, then its deltas in order. Rank 0 picks full or de
 Pruning keeps the newest `keep` restorable steps and every folder their chains need, deleting newest first, so
 a prune cut short never leaves a delta without its base.
 
-A save asks the storage for little besides its data: DCP's files, its metadata (written once, under its own
-name: `StepWriter`), the marker, and one listing to prune; the size comes from what was written, and each
-marker is read once. On S3 every request is a round trip a small delta would otherwise wait on.
+A save asks the storage for little besides its data: DCP's files (laid out for object storage by
+`step_writer`), its metadata (written once, under its own name), the marker, and one listing to prune; the size
+comes from what was written, and each marker is read once. On S3 every request is a round trip a small delta
+would otherwise wait on.
 
 Every folder is checked against the storage policy (kembed_trainer.storage) just before it is listed, written,
 loaded or deleted, as its real path: a step folder that is a symlink to somewhere else is refused, not followed.
@@ -25,7 +26,6 @@ with training's). Training waits only for the copy, and for a previous save stil
 
 from __future__ import annotations
 
-import pickle
 import sys
 import time
 import warnings
@@ -37,24 +37,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
-from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
-from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import SavePlan
-from torch.distributed.checkpoint.storage import WriteResult
 
 from kembed_trainer import delta, runtime
+from kembed_trainer.step_writer import RowRangePlanner, StepWriter
 from kembed_trainer.storage import Guard
 
 __all__ = ["Checkpointer", "SavedCheckpoint", "StepWriter"]
 
 _WHERE = "checkpoint.uri"
-# Files each rank writes at once (DCP splits its tensors over them): one S3 upload stream leaves most of the
-# storage's bandwidth unused on a large save, and a small one (a delta) is quicker as one request
-# (docs/benchmarks.md, incremental checkpoints).
-_WRITER_THREADS = 4
-_BYTES_PER_WRITER = 8 * 2**20
 
 
 @dataclass(frozen=True)
@@ -207,11 +199,10 @@ class Checkpointer:
             total = torch.tensor([side_bytes], dtype=torch.int64)
             dist.all_reduce(total, group=self._group)
             side_bytes = int(total.item())
-        threads = min(_WRITER_THREADS, 1 + _tensor_bytes(staged) // _BYTES_PER_WRITER)
-        writer = StepWriter(self.step_uri(step), sync_files=False, thread_count=threads)
+        writer = StepWriter(self.step_uri(step), sync_files=False)
         with warnings.catch_warnings():  # a single process without a process group is intended
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.save(staged, storage_writer=writer, process_group=self._group)
+            dcp.save(staged, storage_writer=writer, planner=RowRangePlanner(), process_group=self._group)
         # dcp.save returns on rank 0 only after every rank's files are written and the metadata with them.
         num_bytes = 0
         if self.is_main:
@@ -300,28 +291,6 @@ class Checkpointer:
                 self.fs.rm(path, recursive=True)
 
 
-class StepWriter(FsspecWriter):
-    """DCP's fsspec writer for a step folder that `_write` has just emptied, less the requests that guard a
-    folder in use: the look for an earlier checkpoint's metadata, and the metadata written to a temporary name
-    then renamed (on S3 a rename is a copy and a delete). What makes a folder count is the COMPLETE marker,
-    written after all of it. On the coordinator (rank 0) it also counts the bytes every rank wrote."""
-
-    num_bytes = 0
-
-    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        self.fs.mkdir(self.path)
-        return plan
-
-    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        metadata.version = CURRENT_DCP_VERSION
-        metadata.storage_data = {r.index: r.storage_data for rank_results in results for r in rank_results}
-        metadata.storage_meta = self.storage_meta()
-        content = pickle.dumps(metadata)
-        with self.fs.create_stream(self._get_metadata_path(), "wb") as stream:
-            stream.write(content)
-        self.num_bytes = len(content) + sum(info.length for info in metadata.storage_data.values())
-
-
 def _copy(state: Any) -> Any:
     """A copy of every tensor in a (nested) state dict, on the CPU where it is plain, so training can go on."""
     if isinstance(state, dict):
@@ -333,18 +302,6 @@ def _copy(state: Any) -> Any:
             return state.detach().to("cpu", copy=True)
         return state.detach().clone()  # a DTensor keeps its placement; its local rows are copied
     return state
-
-
-def _tensor_bytes(state: Any) -> int:
-    """The bytes of every tensor in a (nested) state dict (a DTensor's local part)."""
-    if isinstance(state, dict):
-        return sum(_tensor_bytes(v) for v in state.values())
-    if isinstance(state, list):
-        return sum(_tensor_bytes(v) for v in state)
-    if isinstance(state, torch.Tensor):
-        local = state.to_local() if hasattr(state, "to_local") else state
-        return local.numel() * local.element_size()
-    return 0
 
 
 def _without_absent(state: dict[str, Any], saved: Mapping[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
