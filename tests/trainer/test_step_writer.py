@@ -109,7 +109,7 @@ def bucket(s3_server) -> str:
     return name
 
 
-def test_a_large_file_is_a_multipart_upload_and_a_small_one_a_single_put(bucket):
+def test_a_large_file_is_a_multipart_upload_a_small_one_a_single_put_and_an_unclosed_one_none(bucket):
     fs = fsspec.filesystem("s3")
     data = os.urandom(12 * MIB + 123)
     stream = PartUpload(fs, f"{bucket}/large", part_bytes=5 * MIB, in_flight=2)
@@ -120,12 +120,17 @@ def test_a_large_file_is_a_multipart_upload_and_a_small_one_a_single_put(bucket)
     small = PartUpload(fs, f"{bucket}/small", part_bytes=5 * MIB)
     small.write(b"a small file")
     small.close()
+    dropped = PartUpload(fs, f"{bucket}/dropped", part_bytes=5 * MIB)
+    dropped.write(b"a file never finished")
+    del dropped  # neither closed nor aborted: no object
 
     assert fs.cat(f"{bucket}/large") == data
     assert fs.cat(f"{bucket}/small") == b"a small file"
     s3 = boto3.client("s3")
     assert s3.head_object(Bucket=bucket, Key="large")["ETag"].strip('"').endswith("-3")  # three parts
     assert "-" not in s3.head_object(Bucket=bucket, Key="small")["ETag"]
+    assert not fs.exists(f"{bucket}/dropped")
+    assert "Uploads" not in s3.list_multipart_uploads(Bucket=bucket)
 
 
 def test_a_write_that_fails_leaves_no_object_and_no_parts(bucket):

@@ -4,8 +4,9 @@ s3fs's own write stream (`S3File`) uploads a part each time its buffer fills and
 request at a time: a checkpoint's large table streams at one connection's speed however fast the storage is.
 `PartUpload` hands each full part to s3fs's event loop and goes on filling the next, with at most `in_flight`
 parts outstanding, so memory stays bounded at about `part_bytes * (in_flight + 1)` per open file. A file smaller
-than one part is a single PUT, as with S3File. If the writer fails, the multipart upload is aborted: no object
-appears and the storage keeps no parts.
+than one part is a single PUT, as with S3File. The object appears on `close()`, as DCP's writer expects; a writer
+that fails calls `abort()` instead: the multipart upload is aborted, no object appears and the storage keeps no
+parts. A stream collected without either leaves no object.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class PartUpload(io.RawIOBase):
         self._buffer = bytearray()
         self._written = 0
         self._upload_id: str | None = None
-        self._pending: deque[Future] = deque()
+        self._pending: deque[tuple[int, Future]] = deque()  # (part number, its upload), oldest first
         self._parts: list[dict[str, Any]] = []
 
     def writable(self) -> bool:
@@ -59,7 +60,8 @@ class PartUpload(io.RawIOBase):
         return size
 
     def close(self) -> None:
-        """Finish the object: the last part and the upload's completion, or one PUT for a small file."""
+        """Finish the object (DCP closes each file it wrote): the last part and the upload's completion, or one
+        PUT for a small file. If that fails, nothing is left behind (`abort`)."""
         if self.closed:
             return
         try:
@@ -76,9 +78,7 @@ class PartUpload(io.RawIOBase):
         except BaseException:
             self.abort()
             raise
-        finally:
-            self._buffer = bytearray()
-            super().close()
+        self._drop()
 
     def abort(self) -> None:
         """Drop what was written: outstanding parts are awaited (a part landing after the abort would be kept
@@ -86,14 +86,23 @@ class PartUpload(io.RawIOBase):
         if self.closed:
             return
         try:
-            for future in self._pending:
-                future.exception()  # waits; its error does not matter any more
+            for _, upload in self._pending:
+                upload.exception()  # waits; its error does not matter any more
             if self._upload_id is not None:
                 self._call("abort_multipart_upload", UploadId=self._upload_id)
         finally:
-            self._pending.clear()
-            self._buffer = bytearray()
-            super().close()
+            self._drop()
+
+    def __del__(self) -> None:
+        # io's own finaliser would close(), i.e. finish a file its writer never finished. No request either (the
+        # event loop may be gone at exit): a multipart upload begun is left to the bucket's lifecycle rules.
+        if not self.closed:
+            self._drop()
+
+    def _drop(self) -> None:
+        self._pending.clear()
+        self._buffer = bytearray()
+        super().close()
 
     def _send(self, body: bytes) -> None:
         if self._upload_id is None:
@@ -104,13 +113,11 @@ class PartUpload(io.RawIOBase):
         coroutine = self._fs._call_s3(  # noqa: SLF001 - s3fs's request path: its retries, credentials, endpoint
             "upload_part", Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, PartNumber=number, Body=body,
         )
-        future = asyncio.run_coroutine_threadsafe(coroutine, self._fs.loop)
-        future.part_number = number  # type: ignore[attr-defined]
-        self._pending.append(future)
+        self._pending.append((number, asyncio.run_coroutine_threadsafe(coroutine, self._fs.loop)))
 
     def _collect(self) -> None:
-        future = self._pending.popleft()
-        self._parts.append({"PartNumber": future.part_number, "ETag": future.result()["ETag"]})  # type: ignore[attr-defined]
+        number, upload = self._pending.popleft()
+        self._parts.append({"PartNumber": number, "ETag": upload.result()["ETag"]})
 
     def _call(self, method: str, **kwargs: Any) -> Any:
         return sync(self._fs.loop, self._fs._call_s3, method, Bucket=self._bucket, Key=self._key, **kwargs)  # noqa: SLF001

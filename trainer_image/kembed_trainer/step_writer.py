@@ -172,5 +172,5 @@ class _StepFiles(FileSystem):
         except BaseException:
             stream.abort()
             raise
-        stream.close()
+        stream.close()  # DCP has closed it already (finished the object); a file it did not close is finished here
 
