@@ -200,7 +200,7 @@ def remove_tenant(cluster: Cluster, name: str, *, timeout_s: float = 60) -> None
                 core.delete_namespaced_pod(pod.metadata.name, namespace)
             if pod.metadata.deletion_timestamp and pod.metadata.finalizers:
                 with contextlib.suppress(ApiException):
-                    core.patch_namespaced_pod(pod.metadata.name, namespace, no_finalizers)
+                    core.patch_namespaced_pod(pod.metadata.name, namespace, no_finalizers, **merge)
         return not jobs and not pods
 
     try:
