@@ -51,15 +51,16 @@ bench-deps: install
 cluster-bins:
 	bash tests/cluster/build.sh
 
-# Both images built here without a Docker engine (a Debian-made base, buildah, vfs storage) and pushed to a
+# Both images built here without a Docker engine (a Debian-made base, buildah) and pushed to a
 # registry on 127.0.0.1, each cached by a hash of its inputs under $(KEMBED_CACHE) (tests/images/build.sh). A step
 # of `make test`: the image-mode tests run pods from them. Warm: seconds; cold: see docs/testing.md ("Images").
 images: image-deps
 	bash tests/images/build.sh
 
 image-deps:
-	@command -v mmdebstrap >/dev/null && command -v buildah >/dev/null && command -v runc >/dev/null || \
-		{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq mmdebstrap buildah runc; }
+	@command -v mmdebstrap >/dev/null && command -v buildah >/dev/null && command -v runc >/dev/null && \
+		command -v docker-registry >/dev/null || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq mmdebstrap buildah runc docker-registry; }
 
 # The CRDs in the Helm chart, generated from the pydantic models (tests/operator/test_manifests.py checks drift).
 manifests: install

@@ -1,6 +1,6 @@
 """The children of an EmbeddingJob, as manifests (pure): an Indexed batch Job, and only what it needs besides.
 
-- The trainer's config (config.yaml) travels in the pod template's annotations and reaches the containers
+- The trainer's config (`CONFIG_FILE`, JSON) travels in the pod template's annotations and reaches the containers
   through a downward-API volume: no object of their own to write, watch and delete per job. A config too large
   for annotations (`MAX_INLINE_CONFIG_BYTES`) goes into a ConfigMap named after the job instead. The launcher is
   the trainer image's own (`python -m kembed_trainer.launch`): every pod object, and every write of it that the
@@ -13,10 +13,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Any
-
-import yaml
 
 from kembed_contract import resources
 from kembed_operator.settings import OperatorSettings
@@ -24,10 +23,13 @@ from kembed_operator.views import ATTEMPT_LABEL, INDEX_ANNOTATION, JOB_LABEL
 from kembed_trainer import launch, runtime
 from kembed_trainer.storage_policy import POLICY_ENV
 
-__all__ = ["CONFIG_MOUNT", "S3_SECRET", "TrainerFiles", "batch_job", "config_map", "owner_reference", "service",
-           "side_children", "trainer_files"]
+__all__ = ["CONFIG_FILE", "CONFIG_MOUNT", "S3_SECRET", "TrainerFiles", "batch_job", "config_map", "owner_reference",
+           "service", "side_children", "trainer_files"]
 
 CONFIG_MOUNT = "/etc/kembed"
+# JSON, which the trainer reads by this extension: written for every gang, and PyYAML's representer (even with
+# libyaml's emitter) was a tenth of the operator's CPU per job at scale.
+CONFIG_FILE = "config.json"
 CONFIG_ANNOTATION = "kembed.io/trainer-config"
 # A pod's annotations hold at most 256 KiB in all (the API server refuses more), and the Job controller copies
 # them into every pod of the gang: a config beyond this goes into a ConfigMap instead.
@@ -37,8 +39,6 @@ TENANT_LABEL = "kembed.io/tenant"
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
-# libyaml's emitter when PyYAML has it: the pure-Python one was the operator's largest CPU cost per job at scale.
-_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 def owner_reference(name: str, uid: str) -> dict[str, Any]:
@@ -63,22 +63,22 @@ def trainer_config(spec: resources.EmbeddingJobSpec, *, default_checkpoint_uri: 
 class TrainerFiles:
     """What the trainer container finds under CONFIG_MOUNT, and whether it fits in the pod's annotations."""
 
-    config_yaml: str
+    config_text: str
 
     @property
     def inline(self) -> bool:
-        return len(self.config_yaml.encode()) <= MAX_INLINE_CONFIG_BYTES
+        return len(self.config_text.encode()) <= MAX_INLINE_CONFIG_BYTES
 
 
 def trainer_files(spec: resources.EmbeddingJobSpec, *, default_checkpoint_uri: str | None) -> TrainerFiles:
     config = trainer_config(spec, default_checkpoint_uri=default_checkpoint_uri)
-    return TrainerFiles(config_yaml=yaml.dump(config, Dumper=_YAML_DUMPER, sort_keys=False))
+    return TrainerFiles(config_text=json.dumps(config, separators=(",", ":")))
 
 
 def config_map(name: str, namespace: str, uid: str, tenant: str, files: TrainerFiles) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(name, namespace, uid, tenant),
-        "data": {"config.yaml": files.config_yaml},
+        "data": {CONFIG_FILE: files.config_text},
     }
 
 
@@ -146,7 +146,7 @@ def _config_volume(name: str, files: TrainerFiles) -> dict[str, Any]:
     if not files.inline:
         return {"name": "config", "configMap": {"name": name}}
     return {"name": "config", "downwardAPI": {"items": [
-        {"path": "config.yaml", "fieldRef": {"fieldPath": f"metadata.annotations['{CONFIG_ANNOTATION}']"}},
+        {"path": CONFIG_FILE, "fieldRef": {"fieldPath": f"metadata.annotations['{CONFIG_ANNOTATION}']"}},
     ]}}
 
 
@@ -165,7 +165,7 @@ def batch_job(name: str, namespace: str, uid: str, tenant: str, spec: resources.
         ["-m", launch.__name__], nnodes=res.nodes, node_rank="$(JOB_COMPLETION_INDEX)",
         nproc_per_node=res.procs_per_node, master_addr=f"{name}-0.{name}" if gang else "127.0.0.1",
         master_port=settings.rendezvous_port,
-        config=f"{CONFIG_MOUNT}/config.yaml",
+        config=f"{CONFIG_MOUNT}/{CONFIG_FILE}",
     )
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -212,7 +212,7 @@ def batch_job(name: str, namespace: str, uid: str, tenant: str, spec: resources.
         pod_spec["tolerations"] = tolerations
     template_metadata: dict[str, Any] = {"labels": labels}
     if files.inline:
-        template_metadata["annotations"] = {CONFIG_ANNOTATION: files.config_yaml}
+        template_metadata["annotations"] = {CONFIG_ANNOTATION: files.config_text}
     return {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": metadata,
         "spec": {

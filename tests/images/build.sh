@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make images`: both Dockerfiles built on this machine without a Docker engine, and pushed to a registry on
-# 127.0.0.1 (see docs/testing.md, "Images"). Needs root and Debian's mmdebstrap, buildah and runc (`make images`
-# installs them).
+# 127.0.0.1 (see docs/testing.md, "Images"). Needs root and Debian's mmdebstrap, buildah, runc and docker-registry
+# (`make images` installs them).
 #
 #   base      a Python 3.11 bookworm root filesystem from Debian's packages (mmdebstrap), a venv first on PATH
 #             (where the official python image has /usr/local); what the Dockerfiles get as --build-arg BASE.
@@ -9,10 +9,12 @@
 #   trainer   trainer_image/Dockerfile, FROM that base: the CPU path of the same torch wheel (no CUDA base here).
 #
 # Every image is tagged with a hash of its inputs (the base's: this script's base recipe; the others': their
-# Dockerfile, every file of the build context they copy, and the base's tag), kept in buildah's vfs storage under
-# $KEMBED_CACHE/containers and skipped when that tag exists: a warm run takes seconds. The registry (built from
-# its Go module, cached like the control-plane binaries) serves $KEMBED_CACHE/registry on a free port for the
-# push and stops again; `tests/images/registry.py` starts it for the tests.
+# Dockerfile, every file of the build context they copy, and the base's tag), kept in buildah's storage under
+# $KEMBED_CACHE/containers and skipped when that tag exists: a warm run takes seconds. The storage driver is overlay
+# where the kernel has it: a layer is its own directory, so a FROM, a commit or a push never copies the layers
+# below it (vfs, the fallback, copies the whole image at each). The registry (distribution's, from Debian's
+# docker-registry package) serves $KEMBED_CACHE/registry on a free port for the push and stops again;
+# `tests/images/registry.py` starts it for the tests.
 #
 # Package downloads inside the builds need this machine's CA certificates (its egress goes through a proxy with
 # a local CA). They are bind-mounted for the build's RUN steps only (-v, like a secret): the layers keep the
@@ -29,14 +31,17 @@ source "$repo/tests/cluster/versions.env"
 cache="${KEMBED_CACHE:-$HOME/.cache/kembed}"
 images="${IMAGES:-base platform trainer}"
 export BUILDAH_ISOLATION=chroot
-storage=(--root "$cache/containers/storage" --runroot "$cache/containers/run" --storage-driver vfs)
+driver=vfs
+grep -qw overlay /proc/filesystems && driver=overlay
+# One storage per driver: buildah refuses a root made by another driver.
+storage=(--root "$cache/containers/$driver" --runroot "$cache/containers/run-$driver" --storage-driver "$driver")
 bah() { buildah "${storage[@]}" "$@"; }
 log() { printf '[images] %s\n' "$*" >&2; }
 seconds() { date +%s; }
 
-[[ "$(id -u)" == 0 ]] || { log "needs root (buildah with vfs storage and chroot isolation, no user namespaces)"; exit 1; }
-for tool in mmdebstrap buildah runc; do
-  command -v "$tool" >/dev/null || { log "$tool missing: apt-get install -y mmdebstrap buildah runc"; exit 1; }
+[[ "$(id -u)" == 0 ]] || { log "needs root (buildah with chroot isolation, no user namespaces)"; exit 1; }
+for tool in mmdebstrap buildah runc docker-registry; do
+  command -v "$tool" >/dev/null || { log "$tool missing: apt-get install -y mmdebstrap buildah runc docker-registry"; exit 1; }
 done
 mkdir -p "$cache/containers" "$cache/images"
 # One build at a time on this machine (test runs of several worktrees may call this at once): the others wait.
@@ -133,7 +138,7 @@ build_dockerfile() {  # NAME DOCKERFILE TAG [BUD ARGUMENTS...]
 }
 
 # The image's CA bundles must be the base's: the machine's own CAs were only mounted during the build. Checked once,
-# right after a build (vfs copies a whole image into each working container: a minute or more for the trainer).
+# right after a build (under vfs a working container is a whole copy of the image: a minute or more for the trainer).
 check_no_build_cas() {  # TAG
   local c mnt bc base_mnt file
   c=$(bah from --pull=never "$1"); mnt=$(bah mount "$c")
@@ -160,24 +165,12 @@ case " $images " in *" trainer "*)
   build_dockerfile trainer trainer_image/Dockerfile "$trainer_tag" --build-arg "DEPS=$trainer_deps_tag" ;; esac
 
 # ---- the registry on 127.0.0.1 ----------------------------------------------------------------------------------------
-# distribution's registry from its Go module (no replace directives: a plain `go install`), cached like the
-# control-plane binaries; its storage persists under $KEMBED_CACHE/registry, so a registry started later (a test)
-# serves what was pushed here.
-registry_bin="$cache/bin/registry-$REGISTRY_VERSION/registry"
-build_registry() {
-  [[ -x "$registry_bin" ]] && return
-  local start tmp
-  start=$(seconds)
-  tmp="$(mktemp -d "$cache/bin/.registry.XXXX")"
-  GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/build" GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath GOBIN="$tmp" \
-    go install -ldflags "-s -w" "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
-  chmod 755 "$tmp"; rm -rf "$(dirname "$registry_bin")"; mv "$tmp" "$(dirname "$registry_bin")"
-  log "built registry $REGISTRY_VERSION in $(( $(seconds) - start )) s"
-}
+# distribution's registry as Debian packages it; its storage persists under $KEMBED_CACHE/registry, so a registry
+# started later (a test) serves what was pushed here.
+registry_bin="$(command -v docker-registry)"
 
 push_all() {  # TAG...: to a registry started on a free port for the push, stopped after
   local port config tag start
-  build_registry
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   config="$cache/images/registry.yaml"
   printf 'version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: 127.0.0.1:%s\n' \
@@ -228,8 +221,8 @@ built=()
 for tag in $platform_tag $trainer_tag; do exists "$tag" && built+=("$tag"); done
 [[ ${#built[@]} -gt 0 ]] && push_all "${built[@]}"
 
-# vfs storage keeps every image whole (the trainer: 5 GB each), so the builds of older inputs go once a newer one
-# is here; a worktree that still needs one rebuilds it (for the trainer, only its thin code stage).
+# The builds of older inputs go once a newer one is here (each trainer's final stage is a layer on its deps; under
+# vfs, a whole 5.6 GB copy); a worktree that still needs one rebuilds it (for the trainer, only its thin code stage).
 prune() {  # NAME CURRENT-TAG
   local other
   exists "$2" || return 0

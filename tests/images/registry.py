@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -68,9 +69,8 @@ def build() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
     tags = build()
-    versions = dict(line.split("=", 1) for line in (REPO / "tests/cluster/versions.env").read_text().split()
-                    if "=" in line)
-    binary = cache_dir() / "bin" / f"registry-{versions['REGISTRY_VERSION']}" / "registry"
+    binary = shutil.which("docker-registry")  # Debian's package, installed by `make images`
+    assert binary, "docker-registry missing: run `make images`"
     port = free_port()
     config = tmp_path_factory.mktemp("registry") / "config.yml"
     # Read-only: test runs share the storage build.sh pushed to, and none of them may change it.
@@ -81,7 +81,7 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
         "http": {"addr": f"127.0.0.1:{port}"},
     }))
     log = open(config.with_name("registry.log"), "wb")  # noqa: SIM115 - open for the process's lifetime
-    process = subprocess.Popen([str(binary), "serve", str(config)], stdout=log, stderr=subprocess.STDOUT,
+    process = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
     try:
         deadline = time.monotonic() + 30

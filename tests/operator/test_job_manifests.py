@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import yaml
+import json
 
 from kembed_contract import resources
 from kembed_operator import job_manifests
@@ -42,13 +42,13 @@ def test_a_one_node_job_is_only_its_batch_job():
     args = pod["containers"][0]["args"]
     assert "--nnodes=1" in args and "--master-addr=127.0.0.1" in args  # rank 0 is in the pod itself
     assert "subdomain" not in pod
-    config = yaml.safe_load(_file_from_annotation(job, "config.yaml"))
+    config = json.loads(_file_from_annotation(job, job_manifests.CONFIG_FILE))
     assert config["checkpoint"]["uri"] == CHECKPOINTS
     assert config["model"] == _spec(JobBuilder("one")).trainer.model.model_dump(mode="json")
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     assert mounts["config"] == job_manifests.CONFIG_MOUNT
     # The image's own launcher; the pod carries only the config (annotations are copied into every pod).
-    assert args[:2] == ["-m", "kembed_trainer.launch"] and f"{job_manifests.CONFIG_MOUNT}/config.yaml" in args
+    assert args[:2] == ["-m", "kembed_trainer.launch"] and f"{job_manifests.CONFIG_MOUNT}/{job_manifests.CONFIG_FILE}" in args
     assert list(job["spec"]["template"]["metadata"]["annotations"]) == [job_manifests.CONFIG_ANNOTATION]
 
 
@@ -71,7 +71,7 @@ def test_a_config_too_large_for_annotations_goes_into_a_config_map():
     job, side = _children(builder)
     assert [(c["kind"], c["metadata"]["name"]) for c in side] == [("ConfigMap", "demo")]
     config_map = side[0]
-    assert len(config_map["data"]["config.yaml"].encode()) > job_manifests.MAX_INLINE_CONFIG_BYTES
-    assert yaml.safe_load(config_map["data"]["config.yaml"])["checkpoint"]["uri"] == CHECKPOINTS
+    assert len(config_map["data"][job_manifests.CONFIG_FILE].encode()) > job_manifests.MAX_INLINE_CONFIG_BYTES
+    assert json.loads(config_map["data"][job_manifests.CONFIG_FILE])["checkpoint"]["uri"] == CHECKPOINTS
     assert _volume(job, "config")["configMap"] == {"name": "demo"}
     assert "annotations" not in job["spec"]["template"]["metadata"]

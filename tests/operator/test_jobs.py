@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-import yaml
+import json
 
+import pytest
+
+from kembed_operator import job_manifests
 from tests.cluster.fixture import Cluster, exists, wait_for
 from tests.operator import harness
 from tests.operator.harness import RUN_FOREVER, JobBuilder, fail_with, job_pods, wait_phase
@@ -43,7 +45,7 @@ def test_a_gang_runs_as_an_indexed_job_on_gpu_nodes_and_succeeds(platform: Clust
     service = platform.core().read_namespaced_service(job, tenant)
     assert service.spec.cluster_ip == "None" and service.spec.publish_not_ready_addresses
     # The trainer's config travels in the pods' annotations (a downward-API volume): no ConfigMap per job.
-    config = yaml.safe_load(pods[0].metadata.annotations["kembed.io/trainer-config"])
+    config = json.loads(pods[0].metadata.annotations[job_manifests.CONFIG_ANNOTATION])
     assert config["checkpoint"]["uri"] == f"s3://kembed-test/{tenant.removeprefix('kembed-')}/{job}"
     assert not exists(lambda: platform.core().read_namespaced_config_map(job, tenant))
 
