@@ -31,8 +31,10 @@ $(UV):
 demo: install
 	$(BIN)/kembed demo
 
+# Two workers, each test file whole on one of them (its module fixtures start once): most of the suite waits on
+# servers, trainers and the control plane, so one process kept the two cores half idle (docs/testing.md).
 test: install system-deps cluster-bins images
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # Servers the tests start themselves: PostgreSQL comes from Debian's packages when the machine lacks it, and so
 # does the browser the dashboard's tests drive (Playwright's own browser download is not used).

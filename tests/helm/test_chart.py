@@ -195,6 +195,9 @@ def test_helm_test_runs_against_a_real_api_and_fails_when_it_cannot(cluster: Clu
     # files there, so the API gets the same identity (the chart's RBAC, nothing more) through KUBECONFIG. Not in
     # tmp_path: the kubelet maps paths under the pod's /tmp mount into the pod's own directory.
     api_kubeconfig = cluster.run_dir / f"{namespace}-api.kubeconfig"
+    assert not api_kubeconfig.is_relative_to("/tmp"), (
+        f"{api_kubeconfig}: the test kubelet rewrites paths under the API pod's /tmp mount in its env, so the API "
+        "would not find this kubeconfig; run with $KEMBED_CACHE outside /tmp")
     local = cluster.local_node_placement()
     values = [
         *MINIMAL, "--set", "crds.install=false", "--set", "database.type=external",
