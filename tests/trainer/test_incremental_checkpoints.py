@@ -61,7 +61,8 @@ from kembed_trainer import __main__, checkpoint
 PHASE, STEP = sys.argv[2], 15
 
 def hang():
-    print("HANG", flush=True)
+    sys.stdout.write("HANG\\n")  # one write: a record the main thread prints cannot split the line
+    sys.stdout.flush()
     time.sleep(600)
 
 if PHASE == "before":  # training reached the save, nothing of it written

@@ -105,7 +105,10 @@ class Reporter:
         self._seq += 1
         record = _finite({"event": event, "step": step, "time": self._clock(), **fields,
                           "run": self._run, "seq": self._seq})
-        print(json.dumps(record, allow_nan=False), file=self._out, flush=True)
+        # One write per record, newline included: print writes the newline separately, and output of another
+        # thread between the two would join this record's line and hide it from whoever parses the log.
+        self._out.write(json.dumps(record, allow_nan=False) + "\n")
+        self._out.flush()
         if self._thread is not None:
             self._queue.put(record)
 
