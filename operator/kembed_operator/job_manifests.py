@@ -28,7 +28,7 @@ __all__ = ["CONFIG_FILE", "CONFIG_MOUNT", "S3_SECRET", "TrainerFiles", "batch_jo
 
 CONFIG_MOUNT = "/etc/kembed"
 # JSON, which the trainer reads by this extension: written for every gang, and PyYAML's representer (even with
-# libyaml's emitter) was a tenth of the operator's CPU per job at scale.
+# libyaml's emitter) was a tenth of the operator's profile at scale.
 CONFIG_FILE = "config.json"
 CONFIG_ANNOTATION = "kembed.io/trainer-config"
 # A pod's annotations hold at most 256 KiB in all (the API server refuses more), and the Job controller copies

@@ -25,8 +25,6 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-# shellcheck source=../cluster/versions.env
-source "$repo/tests/cluster/versions.env"
 
 cache="${KEMBED_CACHE:-$HOME/.cache/kembed}"
 images="${IMAGES:-base platform trainer}"
