@@ -346,9 +346,11 @@ class Dispatcher:
             victim, preemptor = session.get(Job, preempt.victim), session.get(Job, preempt.preemptor)
             why = ("its tenant's cohort reclaims the quota it lent" if preempt.reason == "ReclaimedByLender"
                    else "a higher priority class")
+            # Another team's job is never named to this one: its name, like its usage, is that team's own.
+            whose = f"job {preemptor.id}" if preemptor.tenant_id == victim.tenant_id else "another team's job"
             transitions.transition(session, victim, JobState.PREEMPTED, reason=preempt.reason, now=now,
-                               message=f"for job {preemptor.id} ({why}); saving a checkpoint, then back to the "
-                                       f"queue at its place")
+                               message=f"for {whose} ({why}); saving a checkpoint, then back to the queue at "
+                                       f"its place")
             if victim.backend_state:
                 self.backend.preempt(victim.id)
         for admit in plan.admit:

@@ -46,7 +46,10 @@ def test_a_member_borrows_idle_quota_and_its_lender_reclaims_it(api_client, back
 
     reclaiming = api_client.post("/v1/jobs", json=one_gpu_job("b-own"), headers=bearer(b)).json()
     victim = wait_state(api_client, a, second["id"], "PREEMPTED", dispatcher=dispatcher)
-    assert victim["reason"] == "ReclaimedByLender" and reclaiming["id"] in victim["message"]
+    assert victim["reason"] == "ReclaimedByLender" and "another team's job" in victim["message"]
+    # The lender's job is its own team's business: its name reaches no event of the borrower's.
+    assert all(reclaiming["id"] not in e["message"] and reclaiming["name"] not in e["message"]
+               for e in victim["events"])
     assert backend.preempted == [second["id"]]  # the newest borrower, the only one needed; a keeps its own
     assert api_client.get(f"/v1/jobs/{reclaiming['id']}", headers=bearer(b)).json()["state"] == "QUEUED"
 

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from kembed_api.backends.base import Launch, Observed
+from kembed_api.backends.base import Exit, Launch, Observed
 from kembed_api.backends.kubernetes import KubernetesBackend
 from kembed_contract import resources
 from kembed_contract.lifecycle import JobState
@@ -77,3 +77,30 @@ def test_a_stopped_status_from_before_an_admission_is_not_news(platform, tenant)
 
     _operator_writes(platform, tenant, job_id, JobState.RUNNING, "Resumed")
     assert isinstance(seen := fresh.poll(job_id), Observed) and seen.state is JobState.RUNNING
+
+
+def test_a_machine_booted_minutes_ago_still_lists(platform, tenant, monkeypatch):
+    """Monotonic time is the uptime: a backend whose cache outlives it must still list on its first poll."""
+    job_id = f"boot-{uuid.uuid4().hex[:6]}"
+    KubernetesBackend(api_client=platform.api_client(), cache_ttl_s=0).start(_launch(tenant, job_id, 0, "t"))
+    _operator_writes(platform, tenant, job_id, JobState.RUNNING, "Started")
+    monkeypatch.setattr("kembed_api.backends.kubernetes.time.monotonic", lambda: 90.0)  # booted 90 s ago
+    fresh_boot = KubernetesBackend(api_client=platform.api_client(), cache_ttl_s=3600)
+    assert isinstance(seen := fresh_boot.poll(job_id), Observed) and seen.state is JobState.RUNNING
+
+
+def test_a_job_missing_from_a_stale_list_is_read_before_it_is_called_lost(platform, tenant):
+    """Another replica (or this one before a restart) created the job after this backend's cached list."""
+    early = f"early-{uuid.uuid4().hex[:6]}"
+    cached = KubernetesBackend(api_client=platform.api_client(), cache_ttl_s=3600)
+    cached.start(_launch(tenant, early, 0, "t"))
+    assert cached.poll(early) is None  # listed now, cached for an hour
+
+    late = f"late-{uuid.uuid4().hex[:6]}"
+    KubernetesBackend(api_client=platform.api_client(), cache_ttl_s=0).start(_launch(tenant, late, 0, "t"))
+    _operator_writes(platform, tenant, late, JobState.RUNNING, "Started")
+    assert isinstance(seen := cached.poll(late), Observed) and seen.state is JobState.RUNNING  # not Lost
+
+    gone = f"gone-{uuid.uuid4().hex[:6]}"  # never created: really lost, after one read
+    lost = cached.poll(gone)
+    assert isinstance(lost, Exit) and lost.reason == "Lost"

@@ -35,6 +35,10 @@ def _load_client_config() -> None:
         config.load_kube_config()  # KUBECONFIG or ~/.kube/config
 
 
+def _expired(read_at: float | None, ttl_s: float) -> bool:
+    return read_at is None or time.monotonic() - read_at >= ttl_s
+
+
 class KubernetesBackend:
     def __init__(self, *, api_client: client.ApiClient | None = None, cache_ttl_s: float = 0.5,
                  node_cache_ttl_s: float = 30.0) -> None:
@@ -45,16 +49,18 @@ class KubernetesBackend:
         self.custom = client.CustomObjectsApi(api_client)
         self.cache_ttl_s, self.node_cache_ttl_s = cache_ttl_s, node_cache_ttl_s
         self._jobs: dict[str, dict[str, Any]] = {}
-        self._jobs_read_at = 0.0
+        # None until the first read: monotonic time is the machine's uptime, which may be smaller than a TTL
+        # on a machine booted minutes ago (a zero here once kept a backend from ever listing).
+        self._jobs_read_at: float | None = None
         self._largest_node: dict[str, float] | None = None
-        self._nodes_read_at = 0.0
+        self._nodes_read_at: float | None = None
         self._lock = threading.Lock()
         self._usage_shown: dict[str, dict[str, Any]] = {}  # tenant -> the usage last written into its status
 
     # ------------------------------------------------------------------------------------------- admission
     def _largest_node_allocatable(self) -> dict[str, float] | None:
         """The most GPUs, CPU and memory any one schedulable node offers (None if nodes cannot be read)."""
-        if time.monotonic() - self._nodes_read_at > self.node_cache_ttl_s:
+        if _expired(self._nodes_read_at, self.node_cache_ttl_s):
             try:
                 nodes = self.core.list_node().items
             except ApiException:
@@ -171,16 +177,31 @@ class KubernetesBackend:
     def _refresh(self) -> None:
         """One cluster-wide list per dispatcher pass instead of one read per job."""
         with self._lock:
-            if time.monotonic() - self._jobs_read_at < self.cache_ttl_s:
+            if not _expired(self._jobs_read_at, self.cache_ttl_s):
                 return
             listed = self.custom.list_cluster_custom_object(resources.GROUP, resources.VERSION,
                                                             resources.EMBEDDING_JOB_PLURAL)
             self._jobs = {item["metadata"]["name"]: item for item in listed.get("items", [])}
             self._jobs_read_at = time.monotonic()
 
-    def poll(self, job_id: str) -> Exit | Observed | None:
+    def _read_one(self, job_id: str) -> dict[str, Any] | None:
+        """The EmbeddingJob read now (by name, across namespaces), bypassing the cached list: a job created
+        after the list was taken, by another replica or before a restart, is missing from it but not lost."""
+        listed = self.custom.list_cluster_custom_object(resources.GROUP, resources.VERSION,
+                                                        resources.EMBEDDING_JOB_PLURAL,
+                                                        field_selector=f"metadata.name={job_id}")
+        items = listed.get("items", [])
+        if not items:
+            return None
+        self._remember(items[0])
+        return items[0]
+
+    def _job(self, job_id: str) -> dict[str, Any] | None:
         self._refresh()
-        obj = self._jobs.get(job_id)
+        return self._jobs.get(job_id) or self._read_one(job_id)
+
+    def poll(self, job_id: str) -> Exit | Observed | None:
+        obj = self._job(job_id)
         if obj is None:
             return Exit(succeeded=False, retryable=True, reason="Lost",
                         message="the EmbeddingJob disappeared from the cluster")
@@ -206,8 +227,7 @@ class KubernetesBackend:
         self._patch_spec(job_id, {"cancel": True})
 
     def _patch_spec(self, job_id: str, fields: dict[str, Any]) -> None:
-        self._refresh()
-        obj = self._jobs.get(job_id)
+        obj = self._job(job_id)
         if obj is None:
             return
         self._remember(self.custom.patch_namespaced_custom_object(
@@ -224,8 +244,7 @@ class KubernetesBackend:
         return False  # the job runs on in the cluster; the dispatcher simply follows it again
 
     def read_logs(self, job_id: str, *, tail_lines: int | None = None) -> str:
-        self._refresh()
-        obj = self._jobs.get(job_id)
+        obj = self._job(job_id)
         if obj is None:
             return ""
         namespace = obj["metadata"]["namespace"]
