@@ -16,9 +16,7 @@ def member(client, name: str, *, gpus: int, **sharing) -> str:
 
 
 def one_gpu_job(name: str) -> dict:
-    spec = make_spec(name).build()
-    spec["resources"]["gpus_per_node"] = 1
-    return spec
+    return make_spec(name).with_gpus(1).build()
 
 
 def wait_state(client, token: str, job_id: str, state: str, *, dispatcher) -> dict:

@@ -15,6 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from kembed_api.ports import free_port
 from kembed_contract import crds
+from tests.builders import operator_job
 from tests.cluster.fixture import Cluster, wait_for
 from tests.fixtures.servers import PostgresServer
 from tests.operator import harness
@@ -93,7 +94,7 @@ def test_install_reconcile_upgrade_uninstall(cluster: Cluster, tmp_path):
     tenant = harness.tenant_name()
     try:
         namespace = harness.create_tenant(cluster, tenant)
-        job = harness.JobBuilder("helm").gpus(1).create(cluster, tenant)
+        job = operator_job("helm").with_gpus(1).create(cluster, tenant)
         harness.wait_phase(cluster, namespace, job, "SUCCEEDED", timeout_s=60)
         harness.patch_job_spec(cluster, namespace, job, cancel=True)  # harmless on a finished job
     finally:

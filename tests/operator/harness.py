@@ -8,7 +8,6 @@ fails the tests. Builders for Tenants and EmbeddingJobs, and waits on their stat
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import pathlib
@@ -26,7 +25,6 @@ from kubernetes.client.rest import ApiException
 from kembed_contract import crds, resources
 from kembed_contract.lifecycle import TERMINAL_STATES
 from kembed_contract.quota import QuotaSpec
-from kembed_contract.spec import JobSpec
 from tests.cluster.fixture import Cluster, exists, wait_for
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -35,7 +33,6 @@ PLATFORM_NAMESPACE = "kembed-system"
 RELEASE = "kembed"
 OPERATOR_SA = f"{RELEASE}-operator"
 S3_SOURCE_SECRET = "kembed-s3-credentials"
-TINY_TRAINER = yaml.safe_load((REPO / "trainer_image/examples/dlrm-tiny.yaml").read_text())
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 TERMINAL = {s.value for s in TERMINAL_STATES}
 
@@ -213,60 +210,6 @@ def remove_tenant(cluster: Cluster, name: str, *, timeout_s: float = 60) -> None
                 for j in jobs] + [(p.metadata.name, p.metadata.finalizers, p.metadata.deletion_timestamp,
                                    p.status.phase, p.spec.node_name) for p in pods]
         raise TimeoutError(f"{error}; left: {left[:6]}") from None
-
-
-class JobBuilder:
-    """`JobBuilder("demo").nodes(2).gpus(1).labels(...).manifest(tenant)` (Kueue's wrappers)."""
-
-    def __init__(self, name: str = "job") -> None:
-        self.spec: dict[str, Any] = {"name": name, "resources": {"nodes": 1, "gpus_per_node": 1},
-                                     "max_restarts": 2, "trainer": copy.deepcopy(TINY_TRAINER)}
-        self.job_id = f"{name}-{uuid.uuid4().hex[:5]}"
-        self.extra: dict[str, Any] = {}
-
-    def nodes(self, count: int) -> JobBuilder:
-        self.spec["resources"]["nodes"] = count
-        return self
-
-    def gpus(self, per_node: int) -> JobBuilder:
-        self.spec["resources"]["gpus_per_node"] = per_node
-        self.spec["resources"].pop("procs_per_node", None)
-        return self
-
-    def cpu_only(self, procs_per_node: int = 1, cpu: float = 1.0, memory: str = "1Gi") -> JobBuilder:
-        self.spec["resources"].update(gpus_per_node=0, procs_per_node=procs_per_node, cpu_per_node=cpu,
-                                      memory_per_node=memory)
-        return self
-
-    def max_restarts(self, count: int) -> JobBuilder:
-        self.spec["max_restarts"] = count
-        return self
-
-    def labels(self, **labels: str) -> JobBuilder:
-        """Pod labels: the test stages of the fake nodes read them (kembed.io/test-fail-exit-code etc.)."""
-        self.spec["labels"] = {k.replace("__", "/").replace("_", "-"): v for k, v in labels.items()}
-        return self
-
-    def trainer(self, **sections: Any) -> JobBuilder:
-        for section, values in sections.items():
-            self.spec["trainer"].setdefault(section, {}).update(values)
-        return self
-
-    def image(self, image: str) -> JobBuilder:
-        self.spec["image"] = image
-        return self
-
-    def manifest(self, tenant: str) -> dict[str, Any]:
-        manifest = resources.embedding_job_manifest(self.job_id, tenant, JobSpec.model_validate(self.spec))
-        manifest["spec"].update(self.extra)
-        return manifest
-
-    def create(self, cluster: Cluster, tenant: str) -> str:
-        manifest = self.manifest(tenant)
-        custom(cluster).create_namespaced_custom_object(resources.GROUP, resources.VERSION,
-                                                        manifest["metadata"]["namespace"],
-                                                        resources.EMBEDDING_JOB_PLURAL, manifest)
-        return self.job_id
 
 
 def fail_with(code: int) -> dict[str, str]:

@@ -13,11 +13,12 @@ import pytest
 
 from kembed_api.ports import free_port
 from kembed_operator.settings import OperatorSettings
+from tests.builders import operator_job
 from tests.cluster import controlplane
 from tests.cluster.fixture import Cluster, wait_for
 from tests.images.registry import prepull
 from tests.operator import harness
-from tests.operator.harness import JobBuilder, job_pods, wait_phase
+from tests.operator.harness import job_pods, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -78,8 +79,8 @@ def test_a_two_node_cpu_gang_in_the_trainer_image_survives_a_killed_pod_and_resu
         platform: Cluster, s3_server, image_operator, make_tenant):
     s3_server.create_bucket("kembed-test")
     tenant, namespace = make_tenant()
-    job = (JobBuilder("e2e").nodes(2).cpu_only(procs_per_node=1, cpu=1, memory="2Gi").max_restarts(2)
-           .trainer(training={"steps": STEPS, "log_every": 50, "threads": 1}, checkpoint={"every_steps": 50})
+    job = (operator_job("e2e").with_nodes(2).with_cpu_only(procs_per_node=1, cpu=1, memory="2Gi").with_max_restarts(2)
+           .with_trainer(training={"steps": STEPS, "log_every": 50, "threads": 1}, checkpoint={"every_steps": 50})
            .create(platform, tenant))
 
     wait_phase(platform, namespace, job, "RUNNING", timeout_s=120)
@@ -123,8 +124,8 @@ def test_a_one_node_job_trains_from_the_files_in_its_pod_annotations(platform: C
     """No Service and no ConfigMap: the launcher and config come through a downward-API volume, rank 0 is local."""
     s3_server.create_bucket("kembed-test")
     tenant, namespace = make_tenant()
-    job = (JobBuilder("single").cpu_only(procs_per_node=1, cpu=1, memory="2Gi")
-           .trainer(training={"steps": 20, "log_every": 10, "threads": 1}, checkpoint={"every_steps": 10})
+    job = (operator_job("single").with_cpu_only(procs_per_node=1, cpu=1, memory="2Gi")
+           .with_trainer(training={"steps": 20, "log_every": 10, "threads": 1}, checkpoint={"every_steps": 10})
            .create(platform, tenant))
 
     done = wait_phase(platform, namespace, job, "SUCCEEDED", "FAILED", timeout_s=300)
@@ -138,8 +139,8 @@ def test_a_one_node_job_trains_from_the_files_in_its_pod_annotations(platform: C
 def test_an_image_that_cannot_be_pulled_fails_the_job_with_the_reason_within_a_minute(platform: Cluster, images,
                                                                                       image_operator, make_tenant):
     tenant, namespace = make_tenant()
-    job = (JobBuilder("nopull").cpu_only(procs_per_node=1, cpu=1, memory="1Gi").image(images.missing("trainer"))
-           .trainer(training={"steps": 10}).create(platform, tenant))
+    job = (operator_job("nopull").with_cpu_only(procs_per_node=1, cpu=1, memory="1Gi").with_image(images.missing("trainer"))
+           .with_trainer(training={"steps": 10}).create(platform, tenant))
 
     def pull_error_reported():
         conditions = harness.job_status(platform, namespace, job).get("conditions") or []
@@ -157,7 +158,7 @@ def test_a_trainer_that_crashes_at_start_fails_the_job_with_its_exit_code(platfo
                                                                           make_tenant):
     """The platform image has no torch: the trainer's launcher dies at its first import."""
     tenant, namespace = make_tenant()
-    job = (JobBuilder("crash").cpu_only(procs_per_node=1, cpu=1, memory="1Gi").image(images.platform)
-           .max_restarts(0).trainer(training={"steps": 10}).create(platform, tenant))
+    job = (operator_job("crash").with_cpu_only(procs_per_node=1, cpu=1, memory="1Gi").with_image(images.platform)
+           .with_max_restarts(0).with_trainer(training={"steps": 10}).create(platform, tenant))
     done = wait_phase(platform, namespace, job, "FAILED", "SUCCEEDED", timeout_s=60)
     assert done["phase"] == "FAILED" and "exit code 1" in done["message"], done

@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from kembed_contract import resources
+from tests.builders import operator_job
 from tests.cluster.fixture import Cluster, wait_for
 from tests.operator import harness
-from tests.operator.harness import JobBuilder
 
 pytestmark = pytest.mark.cluster
 
@@ -47,7 +47,7 @@ def test_kill_9_of_the_active_replica_during_a_burst_of_100_jobs(platform: Clust
     active, standby = sorted(replicas, key=lambda r: r.priority, reverse=True)
     tenant, namespace = make_tenant()
 
-    builders = [JobBuilder(f"burst{i}").cpu_only() for i in range(NUM_JOBS)]
+    builders = [operator_job(f"burst{i}").with_cpu_only() for i in range(NUM_JOBS)]
     with ThreadPoolExecutor(max_workers=8) as pool:
         futures = [pool.submit(b.create, platform, tenant) for b in builders]
         # Kill the active replica while the burst is in full flight: some jobs half-reconciled, some not seen.

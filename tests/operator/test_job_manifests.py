@@ -7,17 +7,17 @@ import json
 from kembed_contract import resources
 from kembed_operator import job_manifests
 from kembed_operator.settings import OperatorSettings
-from tests.operator.harness import JobBuilder
+from tests.builders import SpecBuilder, operator_job
 
 ARGS = ("demo", "kembed-acme", "uid-1", "acme")
 CHECKPOINTS = "s3://kembed-test/acme/demo"
 
 
-def _spec(builder: JobBuilder) -> resources.EmbeddingJobSpec:
+def _spec(builder: SpecBuilder) -> resources.EmbeddingJobSpec:
     return resources.EmbeddingJobSpec.model_validate(builder.manifest("acme")["spec"])
 
 
-def _children(builder: JobBuilder) -> tuple[dict, list[dict]]:
+def _children(builder: SpecBuilder) -> tuple[dict, list[dict]]:
     spec, settings = _spec(builder), OperatorSettings()
     files = job_manifests.trainer_files(spec, default_checkpoint_uri=CHECKPOINTS)
     return (job_manifests.batch_job(*ARGS, spec, attempt=0, settings=settings, files=files),
@@ -36,7 +36,7 @@ def _file_from_annotation(job: dict, path: str) -> str:
 
 
 def test_a_one_node_job_is_only_its_batch_job():
-    job, side = _children(JobBuilder("one").gpus(1))
+    job, side = _children(operator_job("one").with_gpus(1))
     assert side == []
     pod = job["spec"]["template"]["spec"]
     args = pod["containers"][0]["args"]
@@ -44,7 +44,7 @@ def test_a_one_node_job_is_only_its_batch_job():
     assert "subdomain" not in pod
     config = json.loads(_file_from_annotation(job, job_manifests.CONFIG_FILE))
     assert config["checkpoint"]["uri"] == CHECKPOINTS
-    assert config["model"] == _spec(JobBuilder("one")).trainer.model.model_dump(mode="json")
+    assert config["model"] == _spec(operator_job("one")).trainer.model.model_dump(mode="json")
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     assert mounts["config"] == job_manifests.CONFIG_MOUNT
     # The image's own launcher; the pod carries only the config (annotations are copied into every pod).
@@ -53,7 +53,7 @@ def test_a_one_node_job_is_only_its_batch_job():
 
 
 def test_a_gang_gets_the_headless_service_its_ranks_find_rank_0_through():
-    job, side = _children(JobBuilder("gang").nodes(3).gpus(2))
+    job, side = _children(operator_job("gang").with_nodes(3).with_gpus(2))
     assert [(c["kind"], c["metadata"]["name"]) for c in side] == [("Service", "demo")]
     service = side[0]
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"]
@@ -67,7 +67,7 @@ def test_a_gang_gets_the_headless_service_its_ranks_find_rank_0_through():
 def test_a_config_too_large_for_annotations_goes_into_a_config_map():
     tables = [{"name": f"t{i}", "num_embeddings": 10, "embedding_dim": 8,
                "features": [f"feature_{i:04d}_{j}" for j in range(4)]} for i in range(800)]
-    builder = JobBuilder("big").gpus(1).trainer(embeddings={"tables": tables})
+    builder = operator_job("big").with_gpus(1).with_trainer(embeddings={"tables": tables})
     job, side = _children(builder)
     assert [(c["kind"], c["metadata"]["name"]) for c in side] == [("ConfigMap", "demo")]
     config_map = side[0]

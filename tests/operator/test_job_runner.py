@@ -15,7 +15,7 @@ import kopf
 from kembed_operator.job_runner import JobRunner
 from kembed_operator.observed import Observed
 from kembed_operator.settings import OperatorSettings
-from tests.operator.harness import JobBuilder
+from tests.builders import operator_job
 
 NAMESPACE, NAME = "kembed-acme", "demo"
 
@@ -61,7 +61,7 @@ class Clock:
 
 
 def _runner(*, delay_s: float, events: list | None = None) -> tuple[JobRunner, RecordingKube, Observed, Clock]:
-    spec = JobBuilder("demo").gpus(1).manifest("acme")["spec"]
+    spec = operator_job("demo").with_gpus(1).manifest("acme")["spec"]
     body = kopf.Body({"apiVersion": "kembed.io/v1alpha1", "kind": "EmbeddingJob", "spec": spec,
                       "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": "uid-1", "generation": 1,
                                    "labels": {"kembed.io/tenant": "acme"}}})

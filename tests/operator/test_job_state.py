@@ -12,14 +12,14 @@ from kembed_operator.job_state import Action, decide
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import BatchJobView, PodView, pod_view
 from kembed_trainer import runtime
-from tests.operator.harness import JobBuilder
+from tests.builders import operator_job
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 SETTINGS = OperatorSettings(rendezvous_timeout_s=60, unschedulable_timeout_s=30, ttl_after_finished_s=100)
 
 
 def spec(nodes: int = 2, max_restarts: int = 2) -> EmbeddingJobSpec:
-    builder = JobBuilder("unit").nodes(nodes).max_restarts(max_restarts)
+    builder = operator_job("unit").with_nodes(nodes).with_max_restarts(max_restarts)
     return EmbeddingJobSpec.model_validate(builder.manifest("acme")["spec"])
 
 

@@ -7,15 +7,16 @@ import json
 import pytest
 
 from kembed_operator import job_manifests
+from tests.builders import operator_job
 from tests.cluster.fixture import Cluster, exists, wait_for
 from tests.operator import harness
-from tests.operator.harness import RUN_FOREVER, JobBuilder, fail_with, job_pods, wait_phase
+from tests.operator.harness import RUN_FOREVER, fail_with, job_pods, wait_phase
 
 pytestmark = pytest.mark.cluster
 
 
 def test_a_gang_runs_as_an_indexed_job_on_gpu_nodes_and_succeeds(platform: Cluster, tenant: str):
-    job = JobBuilder("gang").nodes(2).gpus(4).create(platform, tenant.removeprefix("kembed-"))
+    job = operator_job("gang").with_nodes(2).with_gpus(4).create(platform, tenant.removeprefix("kembed-"))
 
     running = wait_phase(platform, tenant, job, "RUNNING", "SUCCEEDED", timeout_s=30)
     assert running["attempt"] == 0
@@ -51,7 +52,7 @@ def test_a_gang_runs_as_an_indexed_job_on_gpu_nodes_and_succeeds(platform: Clust
 
 
 def test_a_one_node_job_is_only_its_batch_job(platform: Cluster, tenant: str):
-    job = JobBuilder("single").gpus(1).create(platform, tenant.removeprefix("kembed-"))
+    job = operator_job("single").with_gpus(1).create(platform, tenant.removeprefix("kembed-"))
     done = wait_phase(platform, tenant, job, "SUCCEEDED", "FAILED", timeout_s=30)
     assert done["phase"] == "SUCCEEDED", done
     [pod] = job_pods(platform, tenant, job)
@@ -61,7 +62,7 @@ def test_a_one_node_job_is_only_its_batch_job(platform: Cluster, tenant: str):
 
 
 def test_a_killed_pod_restarts_the_whole_gang_from_the_next_attempt(platform: Cluster, tenant: str):
-    job = JobBuilder("restart").nodes(2).gpus(1).labels(**{"kembed.io/test-run-forever": "true"}).create(
+    job = operator_job("restart").with_nodes(2).with_gpus(1).with_labels(**{"kembed.io/test-run-forever": "true"}).create(
         platform, tenant.removeprefix("kembed-"))
     wait_phase(platform, tenant, job, "RUNNING", timeout_s=30)
     first_gang = {p.metadata.name for p in job_pods(platform, tenant, job)}
@@ -84,7 +85,7 @@ def test_a_killed_pod_restarts_the_whole_gang_from_the_next_attempt(platform: Cl
 
 @pytest.mark.parametrize("exit_code", [pytest.param(2, id="bad-config"), pytest.param(1, id="crash")])
 def test_a_permanent_exit_code_fails_the_job_at_once(platform: Cluster, tenant: str, exit_code: int):
-    job = JobBuilder("permanent").nodes(2).gpus(1).max_restarts(3).labels(**fail_with(exit_code)).create(
+    job = operator_job("permanent").with_nodes(2).with_gpus(1).with_max_restarts(3).with_labels(**fail_with(exit_code)).create(
         platform, tenant.removeprefix("kembed-"))
     failed = wait_phase(platform, tenant, job, "FAILED", "RESTARTING", timeout_s=30)
     assert failed["phase"] == "FAILED" and failed["reason"] == "TrainerExitedPermanently"
@@ -92,7 +93,7 @@ def test_a_permanent_exit_code_fails_the_job_at_once(platform: Cluster, tenant: 
 
 
 def test_retryable_failures_stop_after_max_restarts(platform: Cluster, tenant: str):
-    job = JobBuilder("flaky").gpus(1).max_restarts(1).labels(**fail_with(143)).create(
+    job = operator_job("flaky").with_gpus(1).with_max_restarts(1).with_labels(**fail_with(143)).create(
         platform, tenant.removeprefix("kembed-"))
     failed = wait_phase(platform, tenant, job, "FAILED", timeout_s=60)
     assert failed["reason"] == "RestartLimitReached" and failed["restartCount"] == 1
@@ -100,7 +101,7 @@ def test_retryable_failures_stop_after_max_restarts(platform: Cluster, tenant: s
 
 
 def test_suspend_stops_the_pods_then_queues_and_resume_starts_the_same_attempt_again(platform: Cluster, tenant: str):
-    job = JobBuilder("preempt").nodes(2).gpus(1).labels(**RUN_FOREVER).create(platform, tenant.removeprefix("kembed-"))
+    job = operator_job("preempt").with_nodes(2).with_gpus(1).with_labels(**RUN_FOREVER).create(platform, tenant.removeprefix("kembed-"))
     wait_phase(platform, tenant, job, "RUNNING", timeout_s=30)
 
     harness.patch_job_spec(platform, tenant, job, suspend=True)
@@ -116,7 +117,7 @@ def test_suspend_stops_the_pods_then_queues_and_resume_starts_the_same_attempt_a
 
 
 def test_cancel_stops_the_pods_gracefully_and_ends_cancelled(platform: Cluster, tenant: str):
-    job = JobBuilder("cancel").gpus(1).labels(**RUN_FOREVER).create(platform, tenant.removeprefix("kembed-"))
+    job = operator_job("cancel").with_gpus(1).with_labels(**RUN_FOREVER).create(platform, tenant.removeprefix("kembed-"))
     wait_phase(platform, tenant, job, "RUNNING", timeout_s=30)
     harness.patch_job_spec(platform, tenant, job, cancel=True)
     cancelled = wait_phase(platform, tenant, job, "CANCELLED", timeout_s=30)
@@ -126,14 +127,14 @@ def test_cancel_stops_the_pods_gracefully_and_ends_cancelled(platform: Cluster, 
 
 def test_an_unschedulable_gang_fails_with_the_schedulers_reason(platform: Cluster, tenant: str):
     # 16 GPUs on one node: no node has more than 8.
-    job = JobBuilder("huge").gpus(16).create(platform, tenant.removeprefix("kembed-"))
+    job = operator_job("huge").with_gpus(16).create(platform, tenant.removeprefix("kembed-"))
     failed = wait_phase(platform, tenant, job, "FAILED", timeout_s=40)
     assert failed["reason"] == "Unschedulable" and "nvidia.com/gpu" in failed["message"]
     harness.wait_events(platform, tenant, job, "Unschedulable")
 
 
 def test_an_invalid_spec_fails_with_the_field_at_fault(platform: Cluster, tenant: str):
-    builder = JobBuilder("invalid").gpus(1)
+    builder = operator_job("invalid").with_gpus(1)
     manifest = builder.manifest(tenant.removeprefix("kembed-"))
     manifest["spec"]["trainer"]["model"] = {"kind": "dlrm", "bottom_mlp": [16, 4]}  # must end in embedding_dim
     harness.custom(platform).create_namespaced_custom_object("kembed.io", "v1alpha1", tenant, "embeddingjobs",

@@ -7,6 +7,7 @@ import pathlib
 import pytest
 
 from kembed_contract import crds, resources
+from tests.builders import make_spec
 
 CHART = pathlib.Path(__file__).resolve().parents[2] / "helm" / "kembed"
 
@@ -40,10 +41,7 @@ def _keys(node) -> set[str]:
 def test_the_manifest_the_api_creates_round_trips_through_the_models():
     from kembed_contract.spec import JobSpec
 
-    spec = JobSpec.model_validate({"name": "demo", "resources": {"nodes": 2, "gpus_per_node": 8},
-                                   "trainer": {"embeddings": {"tables": [{"name": "t", "num_embeddings": 10,
-                                                                          "embedding_dim": 16, "features": ["f"]}]},
-                                               "training": {"steps": 10, "batch_size": 8}}})
+    spec = JobSpec.model_validate(make_spec("demo").with_nodes(2).with_gpus(8).build())
     manifest = resources.embedding_job_manifest("demo-x1y2z", "acme", spec, report_url="http://api:8080",
                                                 report_token_secret="demo-x1y2z-token")
     assert manifest["metadata"]["namespace"] == "kembed-acme"

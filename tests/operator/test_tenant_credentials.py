@@ -14,10 +14,10 @@ import botocore.exceptions
 import pytest
 
 from kembed_contract import resources
+from tests.builders import operator_job
 from tests.cluster.fixture import Cluster, wait_for
 from tests.fixtures.iam_s3 import IamS3Server, run_iam_s3
 from tests.operator import harness
-from tests.operator.harness import JobBuilder
 
 pytestmark = pytest.mark.cluster
 
@@ -91,7 +91,7 @@ def test_each_tenant_holds_its_own_key_and_s3_refuses_it_on_another_tenants_pref
     s3_b.put_object(Bucket=BUCKET, Key=f"{b}/job/x", Body=b"b's own")  # b's key works on b's prefix
 
     # A trainer pod of b: its credentials come from b's Secret only; the platform's keys are nowhere in its spec.
-    job = JobBuilder("keys").create(platform, b)
+    job = operator_job("keys").create(platform, b)
     template = wait_for(lambda: next(iter(platform.batch().list_namespaced_job(
         namespace_b, label_selector=f"kembed.io/job={job}").items), None), timeout_s=30, what="the batch Job")
     pod_spec = platform.batch().api_client.sanitize_for_serialization(template.spec.template.spec)

@@ -8,9 +8,10 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from kembed_contract import resources
+from tests.builders import operator_job
 from tests.cluster.fixture import Cluster, wait_for
 from tests.operator import harness
-from tests.operator.harness import RUN_FOREVER, JobBuilder, wait_phase
+from tests.operator.harness import RUN_FOREVER, wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -54,7 +55,7 @@ def test_a_quota_change_applies_in_place_and_the_cluster_enforces_it(platform: C
     wait_for(gpus_hard, timeout_s=30, what="quota lowered to 1 GPU")
     assert harness.read_tenant(platform, name)["status"]["observedGeneration"] == 2
     # A 2-GPU gang can no longer get its pods: it is never stuck silently, it fails with the reason.
-    job = JobBuilder("over-quota").gpus(2).max_restarts(0).create(platform, name)
+    job = operator_job("over-quota").with_gpus(2).with_max_restarts(0).create(platform, name)
     failed = wait_phase(platform, namespace, job, "FAILED", timeout_s=60)
     assert failed["reason"] == "RestartLimitReached" and "never created" in failed["message"]
 
@@ -63,7 +64,7 @@ def test_deleting_a_tenant_waits_for_its_jobs_then_removes_the_namespace(platfor
                                                                          operator: harness.OperatorProcess,
                                                                          make_tenant):
     name, namespace = make_tenant()
-    job = JobBuilder("busy").gpus(1).labels(**RUN_FOREVER).create(platform, name)
+    job = operator_job("busy").with_gpus(1).with_labels(**RUN_FOREVER).create(platform, name)
     wait_phase(platform, namespace, job, "RUNNING", timeout_s=30)
 
     harness.custom(platform).delete_cluster_custom_object(resources.GROUP, resources.VERSION,
