@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 _ACTIVE = [s.value for s in ACTIVE_STATES]
 # A wake-up (a submission, a cancel) is answered by a pass after _COALESCE_S, so that a burst lands first, and
 # never sooner than _PASS_GAP_S (or the interval, if shorter) after the last pass: under a steady stream of
-# submissions a pass per batch of them cost a tenth of the API's CPU; one every 0.1 s admits as promptly as anyone
-# watching a queue can tell.
+# submissions a pass per submission costs the API far more CPU than a pass per batch, and a gap this short admits
+# as promptly as anyone watching a queue can tell (docs/benchmarks.md, dispatcher).
 # What each tenant holds and has queued: when it changes, its usage is shown anew (Dispatcher._show_usage).
 _HELD_BY_TENANT = (
     select(Tenant.id, Tenant.queued_jobs, func.count(Job.seq), func.coalesce(func.sum(Job.gpus), 0),

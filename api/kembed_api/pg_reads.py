@@ -1,8 +1,7 @@
 """Polled reads on PostgreSQL, run straight on the driver's cursor.
 
-A poll of a job is one short statement (it was two when measured: through SQLAlchemy's Core execution and result
-layers such a poll cost the API 1.12 ms of CPU, on psycopg's cursor 0.83 ms, with PostgreSQL doing the same work;
-docs/benchmarks.md, API load). `DriverReads` stands in for the Connection that read functions take
+A poll of a job is one short statement, and SQLAlchemy's Core execution and result layers cost the API more CPU
+than the statement itself (docs/benchmarks.md, API load). `DriverReads` stands in for the Connection that read functions take
 (kembed_api.db.Executor), for what they use of it: `execute(statement, parameters)` and `scalar(...)`, with
 results iterated, unpacked, or taken by `one()`, `one_or_none()`, `all()`, `scalar()`, and rows read by column
 name. Each statement is compiled once (they are module constants) by SQLAlchemy's own PostgreSQL compiler; one

@@ -67,14 +67,14 @@ class Job(Base):
 
 
 # The queue in admission order (higher priority first, then oldest first) is these indexes read forwards, with no
-# sort: the order mixes directions, which an index of ascending columns cannot give (SQLite sorted the whole queue
-# for every page a dispatcher pass read: 29 ms a pass at 10,000 queued jobs, 2 ms with the order in the index).
+# sort: the order mixes directions, which an index of ascending columns cannot give (SQLite would sort the whole
+# queue for every page a dispatcher pass reads; docs/benchmarks.md, dispatcher).
 # Within a tenant's queue: positions and forecasts read only its index. Across tenants: every dispatcher pass reads
 # the active jobs and the queue; without an index led by the state it read the whole table, finished jobs included.
 Index("ix_jobs_queue_order", Job.tenant_id, Job.state, Job.priority.desc(), Job.seq)
 Index("ix_jobs_state_order", Job.state, Job.priority.desc(), Job.seq)
 # A tenant's latest finished jobs (the dashboard's team page) read backwards from here, whatever its history's
-# length: without it, every finished job of the tenant was read and sorted (88 ms at 5,000 of them).
+# length: without it, every finished job of the tenant is read and sorted.
 Index("ix_jobs_tenant_finished", Job.tenant_id, Job.finished_at)
 
 
