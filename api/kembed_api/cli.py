@@ -40,8 +40,9 @@ ServerOption = Annotated[
     str, typer.Option("--server", envvar="KEMBED_SERVER", help="URL of the kembed API.")
 ]
 TERMINAL = {state.value for state in lifecycle.TERMINAL_STATES}
-STATE_STYLE = {JobState.SUCCEEDED: "green", JobState.FAILED: "red", JobState.CANCELLED: "yellow",
-               JobState.RUNNING: "cyan", JobState.PREEMPTED: "magenta"}
+_TONE_COLOUR = {lifecycle.Tone.ACTIVE: "cyan", lifecycle.Tone.TROUBLE: "yellow", lifecycle.Tone.STOPPED: "magenta",
+                lifecycle.Tone.GOOD: "green", lifecycle.Tone.BAD: "red"}
+STATE_STYLE = {state: _TONE_COLOUR.get(tone) for state, tone in lifecycle.STATE_TONES.items()}
 
 
 def _token() -> str | None:

@@ -33,12 +33,14 @@ from enum import StrEnum
 __all__ = [
     "ACTIVE_STATES",
     "FIRST_STATES",
+    "STATE_TONES",
     "TERMINAL_STATES",
     "TRANSITIONS",
     "Failure",
     "Next",
     "InvalidTransition",
     "JobState",
+    "Tone",
     "Verdict",
     "after_failure",
     "check_transition",
@@ -60,6 +62,29 @@ class JobState(StrEnum):
 
 
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class Tone(StrEnum):
+    """What a state says at a glance; the CLI colours and the dashboard styles it by this, never by the state."""
+
+    WAITING = "waiting"
+    ACTIVE = "active"
+    TROUBLE = "trouble"
+    STOPPED = "stopped"
+    GOOD = "good"
+    BAD = "bad"
+
+
+STATE_TONES: dict[JobState, Tone] = {
+    JobState.QUEUED: Tone.WAITING,
+    JobState.ADMITTED: Tone.ACTIVE,
+    JobState.RUNNING: Tone.ACTIVE,
+    JobState.RESTARTING: Tone.TROUBLE,
+    JobState.PREEMPTED: Tone.STOPPED,
+    JobState.SUCCEEDED: Tone.GOOD,
+    JobState.FAILED: Tone.BAD,
+    JobState.CANCELLED: Tone.STOPPED,
+}
 # States that hold an admission (quota, local slots) until the job ends or goes back to the queue. A PREEMPTED
 # job holds its admission while its trainers save and stop: what it frees is not free before that.
 ACTIVE_STATES = frozenset({JobState.ADMITTED, JobState.RUNNING, JobState.RESTARTING, JobState.PREEMPTED})

@@ -71,3 +71,7 @@ def test_restarts_are_spent_by_one_rule():
     permanent = lifecycle.after_failure(lifecycle.Verdict(False, "TrainerExitedPermanently", "x"),
                                         restarts_used=0, max_restarts=5)
     assert permanent.state is JobState.FAILED
+
+
+def test_every_state_has_a_tone_the_cli_and_dashboard_show_it_by():
+    assert set(lifecycle.STATE_TONES) == set(lifecycle.JobState)

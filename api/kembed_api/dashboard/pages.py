@@ -7,6 +7,7 @@ static/dashboard.js with the session cookie. A page a role may not see, or a job
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from kembed_api.auth.roles import Action, Role, allowed
 from kembed_api.dashboard import sessions
 from kembed_api.deps import Principal, session_principal
 from kembed_api.jobs import errors, reads
+from kembed_contract import lifecycle
 
 __all__ = ["HOME", "STATIC_DIR", "router"]
 
@@ -33,6 +35,11 @@ _MAX_FORM_BYTES = 4096  # a sign-in form holds one token
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 STATIC_DIR = Path(__file__).parent / "static"
+
+
+# The lifecycle's states as the page script needs them (which end a job, how each looks): served, not restated.
+_STATE_TONES = json.dumps({state.value: tone.value for state, tone in lifecycle.STATE_TONES.items()}
+                          | {"terminal": sorted(s.value for s in lifecycle.TERMINAL_STATES)})
 
 
 async def _principal(request: Request) -> Principal | None:
@@ -54,6 +61,7 @@ def _render(request: Request, template: str, principal: Principal | None, *, sta
         csrf_field=sessions.CSRF_FIELD,
         csrf_header=sessions.CSRF_HEADER,
         home=HOME,
+        state_tones=_STATE_TONES,
     )
     response = templates.TemplateResponse(request, template, context, status_code=status_code)
     # Pages hold nothing secret but are per-user: never stored by shared caches; no framing (clickjacking).

@@ -10,7 +10,9 @@
   const CSRF = document.querySelector('meta[name="csrf-token"]').content;
   const CSRF_HEADER = document.querySelector('meta[name="csrf-header"]').content;
   const POLL_MS = 2000;
-  const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+  // The job lifecycle (kembed_contract.lifecycle), as the page was served: each state's tone, and which end a job.
+  const { terminal, ...TONE } = JSON.parse(body.dataset.states);
+  const TERMINAL = new Set(terminal);
   const $ = (selector) => document.querySelector(selector);
 
   // ------------------------------------------------------------------------------------------ the API
@@ -96,8 +98,12 @@
     return h("a", { href: `${HOME}/jobs/${encodeURIComponent(id)}` }, id);
   }
 
+  function stateClass(state) {
+    return `state tone-${TONE[state] || "waiting"}`;
+  }
+
   function stateBadge(state) {
-    return h("span", { class: `state state-${state.toLowerCase()}` }, state);
+    return h("span", { class: stateClass(state) }, state);
   }
 
   // A table kept in place across refreshes: rows are matched by key and only cells whose content changed are
@@ -484,7 +490,7 @@
     function renderHead(j) {
       const state = $("#job-state");
       state.textContent = j.state;
-      state.className = `state state-${j.state.toLowerCase()}`;
+      state.className = stateClass(j.state);
       $("#job-reason").textContent = j.reason;
       $("#job-message").textContent = j.message ? `— ${j.message}` : "";
       if (cancel) cancel.hidden = TERMINAL.has(j.state) || cancel.disabled && cancel.dataset.confirm === "1";
