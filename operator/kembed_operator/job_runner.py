@@ -34,6 +34,7 @@ from kembed_operator.kube import Kube, is_not_found
 from kembed_operator.observed import Observed
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import JOB_LABEL
+from kembed_trainer import runtime
 
 __all__ = ["JobRunner"]
 
@@ -155,7 +156,7 @@ class JobRunner:
     async def _create_gang(self, spec: resources.EmbeddingJobSpec) -> None:
         attempt = int(self.status.get("attempt") or 0)
         prefix = self.s3_prefix_of(self.tenant)
-        checkpoint_uri = f"{prefix.rstrip('/')}/{self.name}" if prefix else None
+        checkpoint_uri = runtime.job_checkpoint_folder(prefix, self.name) if prefix else None
         args = (self.name, self.namespace, self.uid, self.tenant)
         files = job_manifests.trainer_files(spec, default_checkpoint_uri=checkpoint_uri)
         side_children = job_manifests.side_children(*args, spec, files, self.settings)

@@ -45,6 +45,7 @@ __all__ = [
     "MAX_TERMINATION_MESSAGE_BYTES",
     "OPTIMIZER_STATE_FLOATS",
     "TERMINATION_LOG_PATH",
+    "job_checkpoint_folder",
     "node_command",
     "chain_of",
     "read_termination_message",
@@ -106,6 +107,13 @@ EVENT_DONE = "done"  # the last record of a successful run: eval, checkpoint
 # ---- checkpoint layout --------------------------------------------------------------------------------------
 CHECKPOINT_MARKER = "COMPLETE"  # written last, by rank 0, once every rank's part is stored
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def job_checkpoint_folder(tenant_folder: str, job_id: str) -> str:
+    """A job's checkpoint folder when its spec names none: its id under its tenant's own folder (the API's
+    `<checkpoint_root>/<tenant>`, which is the Tenant's `s3.prefix` on Kubernetes). One rule for the API, which
+    stores it in the spec, and the operator, which fills it in for an EmbeddingJob made without the API."""
+    return f"{tenant_folder.rstrip('/')}/{job_id}"
 
 
 def step_dir(step: int) -> str:

@@ -27,6 +27,7 @@ from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import ceiling_of, policy_of
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec
+from kembed_trainer import runtime
 from kembed_trainer.storage_policy import StorageDenied, UriError, canonicalize_fields
 
 __all__ = ["Outcome", "Submission", "submit", "submit_many"]
@@ -264,7 +265,8 @@ def _new_job(spec: JobSpec, *, tenant: Row, storage: PlatformStorage, now: datet
     checkpoint = spec.trainer.checkpoint
     if checkpoint.uri is None:
         # Checkpoints are namespaced by tenant so no tenant is ever handed another's path.
-        checkpoint = checkpoint.model_copy(update={"uri": f"{storage.own_folder(tenant.name)}/{job_id}"})
+        checkpoint = checkpoint.model_copy(
+            update={"uri": runtime.job_checkpoint_folder(storage.own_folder(tenant.name), job_id)})
         spec = spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"checkpoint": checkpoint})})
     demand = Demand.of(spec)
     return _NewJob(row=dict(
