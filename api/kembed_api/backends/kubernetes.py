@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, assert_never
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -207,21 +207,26 @@ class KubernetesBackend:
                         message="the EmbeddingJob disappeared from the cluster")
         status = resources.EmbeddingJobStatus.from_object(obj)
         detail = f"{status.reason or ''}: {status.message or ''}".strip(": ")
-        if status.phase is JobState.SUCCEEDED:
-            return Exit(succeeded=True, retryable=False, reason="Completed", message=detail)
-        if status.phase in (JobState.FAILED, JobState.CANCELLED):
-            # The operator already spent the job's restarts; a failure here is final.
-            return Exit(succeeded=False, retryable=False, reason=status.reason or "Failed", message=detail)
         generation = obj["metadata"].get("generation")
-        if status.observed_generation is not None and generation and status.observed_generation < generation:
-            # The operator has not acted on the latest spec yet (say, the API just admitted a preempted job
-            # again): its status is about the spec before, and its "suspended and stopped" would requeue the
-            # job just started, again and again, each time with a new report token.
-            return None
-        if status.phase in (JobState.RUNNING, JobState.RESTARTING, JobState.PREEMPTED, JobState.QUEUED):
-            return Observed(state=status.phase, reason=status.reason or status.phase.title(),
-                            message=status.message or "", restart_count=status.restart_count)
-        return None  # ADMITTED (pods starting) or not yet seen by the operator
+        # The operator has not acted on the latest spec yet (say, the API just admitted a preempted job again):
+        # a live status is about the spec before, and its "suspended and stopped" would requeue the job just
+        # started, again and again, each time with a new report token. A final one is final whatever the spec.
+        stale = status.observed_generation is not None and bool(generation) and status.observed_generation < generation
+        match status.phase:
+            case None | JobState.ADMITTED:
+                return None  # not yet seen by the operator, or its pods are starting
+            case JobState.SUCCEEDED:
+                return Exit(succeeded=True, retryable=False, reason="Completed", message=detail)
+            case JobState.FAILED | JobState.CANCELLED:
+                # The operator already spent the job's restarts; a failure here is final.
+                return Exit(succeeded=False, retryable=False, reason=status.reason or "Failed", message=detail)
+            case JobState.RUNNING | JobState.RESTARTING | JobState.PREEMPTED | JobState.QUEUED:
+                if stale:
+                    return None
+                return Observed(state=status.phase, reason=status.reason or status.phase.title(),
+                                message=status.message or "", restart_count=status.restart_count)
+            case unknown:
+                assert_never(unknown)
 
     def stop(self, job_id: str) -> None:
         self._patch_spec(job_id, {"cancel": True})
