@@ -29,7 +29,8 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY contract ./contract
 COPY api ./api
 COPY operator ./operator
-# kembed_contract.spec imports the trainer's config model (pydantic only): ship that package, not its extra (torch).
+# The one module of the API that runs trainer code (kembed_api.jobs.exports) needs the trainer package; without
+# its extra (torch) it answers that exports run where the trainer's dependencies are.
 COPY trainer_image/kembed_trainer ./trainer_image/kembed_trainer
 # --no-deps: the deps stage installed them from the same pyproject.toml and pins.
 RUN pip install --no-cache-dir --no-deps -c constraints.txt ".[api,operator]" \

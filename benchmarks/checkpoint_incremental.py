@@ -48,7 +48,7 @@ def start_s3() -> tuple[subprocess.Popen, dict[str, str]]:
 
 
 def bench_config(args: argparse.Namespace, uri: str, **checkpoint: object):
-    from kembed_trainer import config
+    from kembed_contract import trainer_config as config
 
     tables = [{"name": f"big{i}", "num_embeddings": args.rows, "embedding_dim": args.dim, "features": [f"c{i}"]}
               for i in range(args.tables)]

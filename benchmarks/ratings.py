@@ -28,7 +28,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "trainer_image"))
 sys.path.insert(0, str(REPO))
 
-from kembed_trainer import config, dist, report, train  # noqa: E402 - after the path insert
+from kembed_contract import trainer_config as config  # noqa: E402 - after the path insert
+from kembed_trainer import dist, report, train  # noqa: E402 - after the path insert
 from tests import real_data  # noqa: E402
 from tests.trainer.test_real_data import bias_baseline_rmse, movielens_config  # noqa: E402
 

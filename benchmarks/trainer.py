@@ -28,7 +28,8 @@ import torch
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "trainer_image"))
 
-from kembed_trainer import config, dist, metrics, report, train  # noqa: E402 - after the path insert
+from kembed_contract import trainer_config as config  # noqa: E402 - after the path insert
+from kembed_trainer import dist, metrics, report, train  # noqa: E402 - after the path insert
 from kembed_trainer.data.synthetic import SyntheticData  # noqa: E402
 
 # name: (ranks, description)

@@ -42,7 +42,7 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "trainer_image"))
 
-from kembed_trainer import config  # noqa: E402 - after the path insert
+from kembed_contract import trainer_config as config  # noqa: E402 - after the path insert
 from kembed_trainer.data import text  # noqa: E402
 from kembed_trainer.storage import Guard  # noqa: E402
 

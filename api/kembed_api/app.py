@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
 from fastapi.staticfiles import StaticFiles
+from kembed_platform.tenant_credentials import TenantCredentials
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kembed_api import __version__, bodies, errors
@@ -31,7 +32,6 @@ from kembed_api.settings import Settings
 from kembed_api.storage import PlatformStorage
 from kembed_api.tenants import router as tenants_router
 from kembed_api.tenants.service import ensure_tenant, fill_unset_storage
-from kembed_contract.tenant_credentials import TenantCredentials
 
 __all__ = ["ADMIN_TOKEN_FILE", "create_app"]
 

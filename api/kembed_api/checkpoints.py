@@ -1,6 +1,6 @@
 """Listing a job's checkpoints: `<checkpoint uri>/step-N/`, each counting only once its COMPLETE marker exists.
 
-The layout is the trainer's (kembed_trainer.runtime, docs/trainer.md); this reads it with fsspec alone, so
+The layout is the trainer's (kembed_contract.runtime, docs/trainer.md); this reads it with fsspec alone, so
 the API needs no torch. An incremental checkpoint (a delta) is listed only while its whole chain is complete,
 with the chain's full checkpoint and the bytes a restore reads.
 """
@@ -13,7 +13,7 @@ from typing import Literal
 import fsspec
 from pydantic import BaseModel, Field
 
-from kembed_trainer import runtime
+from kembed_contract import runtime
 
 __all__ = ["CheckpointRead", "list_checkpoints"]
 

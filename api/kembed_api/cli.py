@@ -22,9 +22,8 @@ from rich.table import Column, Table
 
 from kembed_api.client import ApiError, Client
 from kembed_api.ports import free_port
-from kembed_contract import lifecycle
+from kembed_contract import lifecycle, runtime
 from kembed_contract.lifecycle import JobState
-from kembed_trainer import runtime
 
 # Also written by kembed_api.app; repeated here so the CLI's client commands don't import the server.
 ADMIN_TOKEN_FILE = "admin-token"

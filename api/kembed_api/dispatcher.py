@@ -33,7 +33,7 @@ from kembed_api.tenants.service import policy_of, quota_spec, share_of, sharing_
 from kembed_contract import lifecycle
 from kembed_contract.lifecycle import ACTIVE_STATES, JobState
 from kembed_contract.spec import JobSpec, read_stored
-from kembed_trainer.config import format_validation_error
+from kembed_contract.trainer_config import format_validation_error
 
 __all__ = ["Dispatcher"]
 

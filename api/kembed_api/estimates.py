@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kembed_trainer import runtime
-from kembed_trainer.config import TrainerConfig
+from kembed_contract import runtime
+from kembed_contract.trainer_config import TrainerConfig
 
 __all__ = ["MemoryEstimate", "memory_per_rank", "table_memory_bytes_per_rank"]
 

@@ -7,10 +7,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
+from kembed_platform.tenant_credentials import MintingSettings
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from kembed_contract.tenant_credentials import MintingSettings
 
 __all__ = ["Backend", "Settings"]
 

@@ -8,7 +8,7 @@ is stored, always:
 - the server's data dir, the checkpoint root and so every other tenant's folder, and the kernel's /proc, /sys
   and /dev are never reachable, even under a prefix an admin granted that contains them.
 
-The canonical form and the check itself are `kembed_trainer.storage_policy`'s, the same code the trainer runs.
+The canonical form and the check itself are `kembed_contract.storage_policy`'s, the same code the trainer runs.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kembed_trainer.storage_policy import ALWAYS_DENIED, StoragePolicy, UriError, canonical_uri, is_under
+from kembed_contract.storage_policy import ALWAYS_DENIED, StoragePolicy, UriError, canonical_uri, is_under
 
 __all__ = ["PlatformStorage"]
 

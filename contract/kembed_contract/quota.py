@@ -22,7 +22,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kembed_contract.spec import QUANTITY_PATTERN, parse_quantity
-from kembed_trainer.config import NumbersOnly
+from kembed_contract.trainer_config import NumbersOnly
 
 __all__ = [
     "MAX_CPU", "MAX_GPUS", "MAX_JOBS", "MAX_MEMORY_BYTES", "QuotaSpec", "SharingSpec", "Stored", "UsageAmounts",

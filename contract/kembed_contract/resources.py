@@ -78,7 +78,7 @@ from pydantic.alias_generators import to_camel
 from kembed_contract.lifecycle import JobState
 from kembed_contract.quota import QuotaSpec, SharingSpec, UsageAmounts
 from kembed_contract.spec import JobSpec, parse_quantity
-from kembed_trainer.storage_policy import StoragePolicy, UriError, canonical_uri, check_uri_syntax
+from kembed_contract.storage_policy import StoragePolicy, UriError, canonical_uri, check_uri_syntax
 
 __all__ = [
     "EMBEDDING_JOB_KIND",

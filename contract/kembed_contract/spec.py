@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kembed_trainer.config import NumbersOnly, TrainerConfig
+from kembed_contract.trainer_config import NumbersOnly, TrainerConfig
 
 __all__ = [
     "JobSpec",

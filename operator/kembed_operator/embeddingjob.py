@@ -9,10 +9,10 @@ import kopf
 import pydantic
 
 from kembed_contract import resources
+from kembed_contract.storage_policy import StoragePolicy
 from kembed_operator import job_state
 from kembed_operator.job_runner import JobRunner
 from kembed_operator.views import JOB_LABEL
-from kembed_trainer.storage_policy import StoragePolicy
 
 EMBEDDING_JOBS = (resources.GROUP, resources.VERSION, resources.EMBEDDING_JOB_PLURAL)
 

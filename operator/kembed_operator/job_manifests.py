@@ -17,11 +17,10 @@ import json
 import re
 from typing import Any
 
-from kembed_contract import resources
+from kembed_contract import resources, runtime
+from kembed_contract.storage_policy import POLICY_ENV
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import ATTEMPT_LABEL, INDEX_ANNOTATION, JOB_LABEL
-from kembed_trainer import launch, runtime
-from kembed_trainer.storage_policy import POLICY_ENV
 
 __all__ = ["CONFIG_FILE", "CONFIG_MOUNT", "S3_SECRET", "TrainerFiles", "batch_job", "config_map", "owner_reference",
            "service", "side_children", "trainer_files"]
@@ -162,7 +161,7 @@ def batch_job(name: str, namespace: str, uid: str, tenant: str, spec: resources.
     metadata = _metadata(name, namespace, uid, tenant)
     metadata["labels"][ATTEMPT_LABEL] = str(attempt)
     launcher_args = runtime.node_command(
-        ["-m", launch.__name__], nnodes=res.nodes, node_rank="$(JOB_COMPLETION_INDEX)",
+        ["-m", runtime.LAUNCHER_MODULE], nnodes=res.nodes, node_rank="$(JOB_COMPLETION_INDEX)",
         nproc_per_node=res.procs_per_node, master_addr=f"{name}-0.{name}" if gang else "127.0.0.1",
         master_port=settings.rendezvous_port,
         config=f"{CONFIG_MOUNT}/{CONFIG_FILE}",

@@ -27,14 +27,13 @@ import kopf
 import pydantic
 from kubernetes.client.rest import ApiException
 
-from kembed_contract import resources
+from kembed_contract import resources, runtime
 from kembed_contract.lifecycle import TERMINAL_STATES, JobState
 from kembed_operator import job_manifests, job_state, progress
 from kembed_operator.kube import Kube, is_not_found
 from kembed_operator.observed import Observed
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import JOB_LABEL
-from kembed_trainer import runtime
 
 __all__ = ["JobRunner"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kembed_trainer import runtime
+from kembed_contract import runtime
 
 __all__ = ["read_records"]
 

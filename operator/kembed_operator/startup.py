@@ -7,10 +7,10 @@ import random
 from typing import Any
 
 import kopf
+from kembed_platform.tenant_credentials import TenantCredentials
 from kubernetes.client.rest import ApiException
 
 from kembed_contract import resources
-from kembed_contract.tenant_credentials import TenantCredentials
 from kembed_operator import diffbase
 from kembed_operator.kube import Kube, is_conflict
 from kembed_operator.observed import Observed

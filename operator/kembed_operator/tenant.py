@@ -16,11 +16,11 @@ from typing import Any
 import kopf
 import pydantic
 from botocore.exceptions import BotoCoreError, ClientError
+from kembed_platform.tenant_credentials import TenantCredentials
 
 from kembed_contract import resources
 from kembed_contract.lifecycle import TERMINAL_STATES
 from kembed_contract.quota import QuotaSpec, cpu_quantity
-from kembed_contract.tenant_credentials import TenantCredentials
 from kembed_operator import tenant_manifests
 from kembed_operator.conditions import set_condition
 from kembed_operator.kube import Kube

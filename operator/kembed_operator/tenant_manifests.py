@@ -5,9 +5,10 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from kembed_platform.tenant_credentials import S3Credentials
+
 from kembed_contract import resources
 from kembed_contract.quota import cpu_quantity
-from kembed_contract.tenant_credentials import S3Credentials
 from kembed_operator.job_manifests import S3_SECRET, TENANT_LABEL
 from kembed_operator.settings import OperatorSettings
 

@@ -9,7 +9,7 @@ import pytest
 
 from kembed_api import checkpoints
 from kembed_api.jobs import exports
-from kembed_trainer import runtime
+from kembed_contract import runtime
 
 
 def write_checkpoint(root: pathlib.Path, step: int, parent: int | None, size: int, *, complete: bool = True) -> None:

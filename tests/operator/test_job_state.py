@@ -7,11 +7,11 @@ import datetime
 
 import pytest
 
+from kembed_contract import runtime
 from kembed_contract.resources import EmbeddingJobSpec
 from kembed_operator.job_state import Action, decide
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import BatchJobView, PodView, pod_view
-from kembed_trainer import runtime
 from tests.builders import operator_job
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)

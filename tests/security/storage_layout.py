@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kembed_trainer.storage_policy import StoragePolicy
+from kembed_contract.storage_policy import StoragePolicy
 
 SECRET = "kembed_s3cr3t_admin_token_do_not_echo"
 

@@ -8,10 +8,10 @@ import json
 
 from kembed_contract import resources
 from kembed_contract.quota import QuotaSpec
+from kembed_contract.storage_policy import POLICY_ENV, Access, StoragePolicy, canonical_uri
 from kembed_operator import job_manifests
 from kembed_operator.embeddingjob import storage_policy
 from kembed_operator.settings import OperatorSettings
-from kembed_trainer.storage_policy import POLICY_ENV, Access, StoragePolicy, canonical_uri
 from tests.builders import make_spec
 
 

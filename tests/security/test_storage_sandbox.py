@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+from kembed_platform import sandbox
 
 from kembed_api.backends.base import Launch
 from kembed_api.backends.local import LocalBackend
 from kembed_contract.spec import JobSpec
-from kembed_trainer import sandbox
-from kembed_trainer.storage_policy import StoragePolicy
+from kembed_contract.storage_policy import StoragePolicy
 from tests.builders import make_spec
 from tests.security.storage_layout import SECRET, make_layout
 
@@ -36,7 +36,7 @@ for path in sys.argv[1:]:
 def _probe(read: list[str], write: list[str], paths: list[str]) -> dict[str, str]:
     """What a sandboxed process may open of `paths`: {path: allowed | denied}."""
     args = [f"--read={p}" for p in (*read, *sandbox.python_paths())] + [f"--write={p}" for p in write]
-    out = subprocess.run([sys.executable, "-m", "kembed_trainer.sandbox", *args, "--", sys.executable, "-c", _PROBE,
+    out = subprocess.run([sys.executable, "-m", "kembed_platform.sandbox", *args, "--", sys.executable, "-c", _PROBE,
                           *paths], capture_output=True, text=True, timeout=60, check=True).stdout
     return {line.split()[1]: line.split()[0] for line in out.splitlines()}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kembed_trainer.storage_policy import POLICY_ENV
+from kembed_contract.storage_policy import POLICY_ENV
 from tests.builders import TINY_TRAINER
 from tests.security.storage_layout import SECRET, Layout, make_layout, tenant_a_files
 from tests.trainer.conftest import records, trainer_env
@@ -147,8 +147,8 @@ def test_without_a_policy_a_trainer_run_by_hand_is_not_limited(tmp_path):
 def test_word2vec_analogies_are_opened_through_the_policy(layout, target):
     """A link planted in an allowed folder after the job was checked: the analogies file is refused when it is
     opened, like every other file (it was opened with plain fsspec before)."""
+    from kembed_contract.storage_policy import StorageDenied
     from kembed_trainer.storage import Guard
-    from kembed_trainer.storage_policy import StorageDenied
     from kembed_trainer.word_eval import WordEval
 
     link = layout.datasets / "analogies.txt"
@@ -180,7 +180,7 @@ def test_an_export_reads_no_checkpoint_file_that_leads_outside_the_policy(layout
 def test_an_export_of_a_delta_reads_no_file_of_its_chain_that_leads_outside_the_policy(layout):
     """A delta is read through its chain: a shard of its full checkpoint that is a symlink refuses the delta too."""
     from kembed_api.jobs import exports
-    from kembed_trainer import runtime
+    from kembed_contract import runtime
 
     job = layout.folder("b") / "job-b"
     for step, parent in ((5, None), (10, 5)):

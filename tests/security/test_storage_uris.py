@@ -9,9 +9,9 @@ import pytest
 from pydantic import BaseModel
 
 from kembed_api.storage import PlatformStorage
+from kembed_contract import trainer_config as config
 from kembed_contract.spec import JobSpec
-from kembed_trainer import config
-from kembed_trainer.storage_policy import Access, StorageDenied, UriError, canonical_uri, uri_fields
+from kembed_contract.storage_policy import Access, StorageDenied, UriError, canonical_uri, uri_fields
 from tests.builders import make_spec
 from tests.security.storage_layout import make_layout
 

@@ -17,7 +17,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from kembed_trainer import checkpoint, config, dist, report, train
+from kembed_contract import trainer_config as config
+from kembed_trainer import checkpoint, dist, report, train
 from tests.trainer.conftest import REPO, run_trainer, tiny_config, trainer_env, write_config
 
 

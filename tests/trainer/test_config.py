@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from kembed_trainer import config
+from kembed_contract import trainer_config as config
 from tests.trainer.conftest import EXAMPLES, REPO, tiny_config, write_config
 
 

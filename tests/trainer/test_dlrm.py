@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kembed_trainer import config
+from kembed_contract import trainer_config as config
 from kembed_trainer.models import dlrm
 
 

@@ -8,7 +8,8 @@ import pathlib
 import pytest
 import torch
 
-from kembed_trainer import best, config, metrics, word_eval
+from kembed_contract import trainer_config as config
+from kembed_trainer import best, metrics, word_eval
 from kembed_trainer.storage import Guard
 from tests.trainer.conftest import run_trainer, tiny_config, write_config
 

@@ -14,7 +14,8 @@ import uuid
 import fsspec
 import pytest
 
-from kembed_trainer import checkpoint, runtime
+from kembed_contract import runtime
+from kembed_trainer import checkpoint
 from kembed_trainer.storage import Guard
 from tests.trainer.conftest import REPO, run_trainer, tiny_config, trainer_env, write_config
 

@@ -11,7 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from kembed_trainer import config, embedding, runtime
+from kembed_contract import runtime
+from kembed_contract import trainer_config as config
+from kembed_trainer import embedding
 from kembed_trainer.data.batch import Batch
 from kembed_trainer.data.synthetic import SyntheticData
 from tests.trainer.conftest import run_trainer, tiny_config, write_config

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kembed_trainer import config, embedding, pooling
+from kembed_contract import trainer_config as config
+from kembed_trainer import embedding, pooling
 from kembed_trainer.data.batch import Batch
 
 

@@ -1,4 +1,4 @@
-"""Each model kind with its defaults (kembed_trainer.config.KIND_DEFAULTS) on a real data set of its kind, against a
+"""Each model kind with its defaults (kembed_contract.trainer_config.KIND_DEFAULTS) on a real data set of its kind, against a
 well-known baseline run on the same split in the same test. The specs give the data and the model kind: the tables'
 rows and features (what the data holds), never a width, a learning rate, a batch size or a number of epochs. Data
 come from installed packages (tests/real_data.py); `threads: 1` only shares the machine's cores.

@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from kembed_trainer import config, embedding
+from kembed_contract import trainer_config as config
+from kembed_trainer import embedding
 from kembed_trainer.data.batch import Batch
 from tests.trainer.conftest import run_trainer, tiny_config, write_config
 

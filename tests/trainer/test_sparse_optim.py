@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kembed_trainer import config, sparse_optim
+from kembed_contract import trainer_config as config
+from kembed_trainer import sparse_optim
 from kembed_trainer.data.batch import Batch
 
 NUM_ROWS, DIM, LR = 10, 4, 0.1

@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from kembed_trainer import config, dist, report, sparsity, train
+from kembed_contract import trainer_config as config
+from kembed_trainer import dist, report, sparsity, train
 from tests.trainer.conftest import tiny_config
 
 

@@ -11,7 +11,8 @@ import weakref
 
 import pytest
 
-from kembed_trainer import config, dist, report, train
+from kembed_contract import trainer_config as config
+from kembed_trainer import dist, report, train
 from tests.trainer.conftest import (
     REPO,
     records,

@@ -12,7 +12,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-from kembed_trainer import config, embedding, sparse_optim, word2vec_sgd
+from kembed_contract import trainer_config as config
+from kembed_trainer import embedding, sparse_optim, word2vec_sgd
 from kembed_trainer.data import text
 from kembed_trainer.storage import Guard
 from tests.trainer.conftest import run_trainer, write_config

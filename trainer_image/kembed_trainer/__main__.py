@@ -1,6 +1,6 @@
 """`python -m kembed_trainer --config PATH_OR_URI`, alone or under torchrun.
 
-Exit codes (kembed_trainer.runtime): 0 done; 2 bad input, the config or the data (one line naming the field or
+Exit codes (kembed_contract.runtime): 0 done; 2 bad input, the config or the data (one line naming the field or
 the column, also written to the termination log), a URI outside the storage policy included; 143 stopped by
 SIGTERM after a checkpoint.
 """
@@ -11,7 +11,9 @@ import argparse
 import os
 import sys
 
-from kembed_trainer import config, runtime, storage, storage_policy
+from kembed_contract import runtime, storage_policy
+from kembed_contract import trainer_config as config
+from kembed_trainer import storage
 
 # What bad data raises: a ValueError by convention (pyarrow's parse errors and bad UTF-8 are ValueErrors too), or
 # a data file that is not there.

@@ -40,7 +40,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
-from kembed_trainer import delta, runtime
+from kembed_contract import runtime
+from kembed_trainer import delta
 from kembed_trainer.step_writer import RowRangePlanner, StepWriter
 from kembed_trainer.storage import Guard
 

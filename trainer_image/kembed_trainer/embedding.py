@@ -23,7 +23,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
-from kembed_trainer import config, delta, hugepages, pooling, sharding, sparse_optim
+from kembed_contract import trainer_config as config
+from kembed_trainer import delta, hugepages, pooling, sharding, sparse_optim
 from kembed_trainer.data.batch import Batch
 
 __all__ = ["EmbeddingCollection", "hash_rows"]

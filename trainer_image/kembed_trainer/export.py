@@ -30,7 +30,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-from kembed_trainer import delta, embedding, row_index, runtime
+from kembed_contract import runtime
+from kembed_trainer import delta, embedding, row_index
 from kembed_trainer.data.table import hash_string
 
 __all__ = ["FORMATS", "SUFFIXES", "ExportError", "TableRows", "neighbours", "read_table", "write"]

@@ -1,4 +1,4 @@
-"""torchrun, with the failed rank's own exit code (runs inside the trainer image: stdlib, torch, kembed_trainer.runtime).
+"""torchrun, with the failed rank's own exit code (runs inside the trainer image: stdlib, torch, kembed_contract.runtime).
 
 torchrun exits 1 whatever happened to its workers, which would hide the difference between a bad config (exit 2,
 permanent), a crash (1, permanent) and a kill (137) or a SIGTERM checkpoint (143, both retryable). Trainer pods
@@ -13,7 +13,7 @@ arguments, the same launch code (torch.distributed.run.run), but the process the
 import signal
 import sys
 
-from kembed_trainer.runtime import EXIT_BAD_CONFIG
+from kembed_contract.runtime import EXIT_BAD_CONFIG
 
 
 def main(argv=None):

@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from kembed_trainer import runtime
+from kembed_contract import runtime
 
 __all__ = ["STOPPED_FLUSH_S", "Reporter"]
 

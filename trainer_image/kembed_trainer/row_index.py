@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from kembed_trainer import config, embedding
+from kembed_contract import trainer_config as config
+from kembed_trainer import embedding
 
 __all__ = ["IDS_DIR", "TABLES_FILE", "checkpoint_files", "ids_file"]
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from kembed_trainer import config, hugepages
+from kembed_contract import trainer_config as config
+from kembed_trainer import hugepages
 
 __all__ = ["SparseOptimizer", "build_sparse_optimizer", "learning_rate"]
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kembed_trainer import config
+from kembed_contract import trainer_config as config
 
 __all__ = ["Masks", "masked_fraction"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import fsspec
 
-from kembed_trainer.storage_policy import Access, StoragePolicy, UriError, canonical_uri
+from kembed_contract.storage_policy import Access, StoragePolicy, UriError, canonical_uri
 
 __all__ = ["Guard"]
 

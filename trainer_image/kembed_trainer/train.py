@@ -14,10 +14,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
+from kembed_contract import runtime
+from kembed_contract import trainer_config as config
 from kembed_trainer import (
     best,
     checkpoint,
-    config,
     data,
     delta,
     embedding,
@@ -26,7 +27,6 @@ from kembed_trainer import (
     models,
     report,
     row_index,
-    runtime,
     sparse_optim,
     sparsity,
     storage,

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from kembed_trainer import config, embedding, sgns_kernel, sparse_optim
+from kembed_contract import trainer_config as config
+from kembed_trainer import embedding, sgns_kernel, sparse_optim
 from kembed_trainer.data import text
 from kembed_trainer.data.synthetic import _generator
 

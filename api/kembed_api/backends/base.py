@@ -10,7 +10,7 @@ from kembed_contract.lifecycle import JobState
 from kembed_contract.quota import QuotaSpec, SharingSpec
 from kembed_contract.resources import TenantUsage
 from kembed_contract.spec import JobSpec
-from kembed_trainer.storage_policy import StoragePolicy
+from kembed_contract.storage_policy import StoragePolicy
 
 __all__ = ["Backend", "Exit", "Launch", "NotReady", "Observed"]
 
@@ -29,7 +29,7 @@ class Launch:
     attempt: int
     report_url: str
     report_token: str
-    # The tenant's effective storage policy, which the trainers enforce too (kembed_trainer.storage_policy).
+    # The tenant's effective storage policy, which the trainers enforce too (kembed_contract.storage_policy).
     storage_policy: StoragePolicy | None = None
 
 

@@ -24,7 +24,7 @@ from kembed_contract import resources
 from kembed_contract.lifecycle import JobState
 from kembed_contract.quota import QuotaSpec, SharingSpec
 from kembed_contract.spec import JobSpec, parse_quantity
-from kembed_trainer.storage_policy import StoragePolicy
+from kembed_contract.storage_policy import StoragePolicy
 
 __all__ = ["KubernetesBackend"]
 

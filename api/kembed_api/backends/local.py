@@ -21,18 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kembed_platform import sandbox as landlock
+from kembed_platform.tenant_credentials import S3Credentials, TenantCredentials, trainer_environ
 
 from kembed_api.admission import Quota
 from kembed_api.backends.base import Exit, Launch
 from kembed_api.ports import free_port
-from kembed_contract import lifecycle
+from kembed_contract import lifecycle, runtime
 from kembed_contract.quota import QuotaSpec, SharingSpec
 from kembed_contract.resources import TenantUsage
 from kembed_contract.spec import JobSpec
-from kembed_contract.tenant_credentials import S3Credentials, TenantCredentials, trainer_environ
-from kembed_trainer import runtime
-from kembed_trainer import sandbox as landlock
-from kembed_trainer.storage_policy import POLICY_ENV, StoragePolicy
+from kembed_contract.storage_policy import POLICY_ENV, StoragePolicy
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ __all__ = ["LocalBackend"]
 
 # Each node runs under the trainer's launcher, which exits with the first failed rank's own code (torchrun
 # alone exits 1 whatever happened), so failures are judged by the lifecycle's one exit-code policy.
-_LAUNCHER = (sys.executable, "-m", "kembed_trainer.launch")
+_LAUNCHER = (sys.executable, "-m", runtime.LAUNCHER_MODULE)
 
 
 @dataclass
@@ -226,7 +225,7 @@ class LocalBackend:
         return {"pids": [p.pid for p in processes], "attempt": launch.attempt}
 
     def _sandbox_command(self, job_dir: Path, policy: StoragePolicy | None) -> list[str]:
-        """`python -m kembed_trainer.sandbox --read .. --write .. --`: Landlock around the node's whole gang.
+        """`python -m kembed_platform.sandbox --read .. --write .. --`: Landlock around the node's whole gang.
 
         Readable: the system, this interpreter and its packages, the job's folder, the policy's local prefixes;
         writable: the job's folder, the tenant's own checkpoint folder, the policy's local write prefixes. The
@@ -245,7 +244,7 @@ class LocalBackend:
             denied=[str(self.data_dir), *local(policy.deny)],
             granted_inside_denied=[str(job_dir), *own],
         )
-        return [sys.executable, "-m", "kembed_trainer.sandbox", *(f"--read={p}" for p in read),
+        return [sys.executable, "-m", "kembed_platform.sandbox", *(f"--read={p}" for p in read),
                 *(f"--write={p}" for p in write), "--"]
 
     def poll(self, job_id: str) -> Exit | None:

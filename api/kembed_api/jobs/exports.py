@@ -14,9 +14,9 @@ import threading
 from dataclasses import dataclass
 
 from kembed_api import checkpoints
-from kembed_trainer import runtime
+from kembed_contract import runtime
+from kembed_contract.storage_policy import StorageDenied, StoragePolicy, UriError
 from kembed_trainer.storage import Guard
-from kembed_trainer.storage_policy import StorageDenied, StoragePolicy, UriError
 
 __all__ = ["Export", "ExportUnavailable", "NoCheckpoint", "export_file", "find_checkpoint", "nearest"]
 

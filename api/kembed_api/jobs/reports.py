@@ -14,8 +14,8 @@ from kembed_api.auth.service import hash_secret
 from kembed_api.db import utcnow
 from kembed_api.jobs.models import Job, JobMetric
 from kembed_api.jobs.schemas import ReportRecord
+from kembed_contract import runtime
 from kembed_contract.lifecycle import TERMINAL_STATES, JobState
-from kembed_trainer import runtime
 
 __all__ = ["apply_report", "new_report_token", "verify_report_token"]
 

@@ -29,7 +29,7 @@ from kembed_api.jobs.schemas import (
 from kembed_api.responses import ModelResponse
 from kembed_api.tenants.service import policy_of
 from kembed_contract.lifecycle import JobState
-from kembed_trainer.storage_policy import Access, StorageDenied, UriError
+from kembed_contract.storage_policy import Access, StorageDenied, UriError
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

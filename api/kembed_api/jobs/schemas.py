@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec
-from kembed_trainer.config import NumbersOnly
+from kembed_contract.trainer_config import NumbersOnly
 
 __all__ = ["JobCreate", "JobEstimates", "JobEventRead", "JobList", "JobMetricRead", "JobRead", "Neighbour",
            "NeighboursRead", "Progress", "ReportRecord"]

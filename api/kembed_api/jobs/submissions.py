@@ -25,10 +25,10 @@ from kembed_api.jobs.transitions import queue_changed
 from kembed_api.storage import PlatformStorage
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import ceiling_of, policy_of
+from kembed_contract import runtime
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec
-from kembed_trainer import runtime
-from kembed_trainer.storage_policy import StorageDenied, UriError, canonicalize_fields
+from kembed_contract.storage_policy import StorageDenied, UriError, canonicalize_fields
 
 __all__ = ["Outcome", "Submission", "submit", "submit_many"]
 

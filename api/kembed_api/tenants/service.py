@@ -26,7 +26,7 @@ from kembed_api.tenants.schemas import (
 )
 from kembed_contract.lifecycle import ACTIVE_STATES
 from kembed_contract.resources import TenantUsage, now_rfc3339
-from kembed_trainer.storage_policy import StoragePolicy
+from kembed_contract.storage_policy import StoragePolicy
 
 __all__ = [
     "TenantExists", "TenantNotFound", "ceiling_of", "create_tenant", "ensure_tenant", "fill_unset_storage", "get_tenant",

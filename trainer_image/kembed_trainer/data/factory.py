@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kembed_trainer import config
+from kembed_contract import trainer_config as config
 from kembed_trainer.data import synthetic, table, text
 from kembed_trainer.storage import Guard
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kembed_trainer import config
+from kembed_contract import trainer_config as config
 from kembed_trainer.data.batch import Batch
 
 __all__ = ["SyntheticData"]

@@ -17,7 +17,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import torch
 
-from kembed_trainer import config
+from kembed_contract import trainer_config as config
 from kembed_trainer.data.batch import Batch
 from kembed_trainer.data.synthetic import _generator
 from kembed_trainer.storage import Guard

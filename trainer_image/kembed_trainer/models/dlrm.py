@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kembed_trainer import config
+from kembed_contract import trainer_config as config
 
 __all__ = ["DLRM"]
 

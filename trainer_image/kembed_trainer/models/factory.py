@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kembed_trainer import config, metrics
+from kembed_contract import trainer_config as config
+from kembed_trainer import metrics
 from kembed_trainer.models import dlrm, two_tower, word2vec
 
 __all__ = ["Task", "build_dense_model", "build_task"]

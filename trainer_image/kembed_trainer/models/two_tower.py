@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kembed_trainer import config
+from kembed_contract import trainer_config as config
 from kembed_trainer.models.dlrm import mlp
 
 __all__ = ["TwoTower"]

@@ -45,6 +45,7 @@ __all__ = [
     "MAX_TERMINATION_MESSAGE_BYTES",
     "OPTIMIZER_STATE_FLOATS",
     "TERMINATION_LOG_PATH",
+    "LAUNCHER_MODULE",
     "job_checkpoint_folder",
     "node_command",
     "chain_of",
@@ -67,7 +68,7 @@ EXIT_STOPPED = 128 + signal.SIGTERM  # 143: stopped by SIGTERM after saving a ch
 ENV_JOB_ID = "KEMBED_JOB_ID"  # the API's job id (log lines, process lookup after a server restart)
 ENV_REPORT_URL = "KEMBED_REPORT_URL"  # where rank 0 POSTs its records; unset: stdout only
 ENV_REPORT_TOKEN = "KEMBED_REPORT_TOKEN"  # the per-job bearer token for those POSTs
-# The tenant's storage policy as JSON (kembed_trainer.storage_policy), set by the launcher, never by the config;
+# The tenant's storage policy as JSON (kembed_contract.storage_policy), set by the launcher, never by the config;
 # unset: a trainer run by hand, not limited.
 ENV_STORAGE_POLICY = "KEMBED_STORAGE_POLICY"
 ENV_TERMINATION_LOG = "KEMBED_TERMINATION_LOG"  # a file: the first failing rank writes why; unset: nowhere
@@ -208,6 +209,11 @@ OPTIMIZER_STATE_FLOATS = {
 
 
 # ---- one node of a gang -------------------------------------------------------------------------------------
+# What every node runs, `python -m LAUNCHER_MODULE <torchrun arguments>` (kembed_trainer.launch's docstring): the
+# local backend's processes and the operator's pods alike.
+LAUNCHER_MODULE = "kembed_trainer.launch"
+
+
 def node_command(
     launcher: Sequence[str], *, nnodes: int, node_rank: int | str, nproc_per_node: int, master_addr: str,
     master_port: int, config: str, rdzv_id: str | None = None,

@@ -22,7 +22,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from kembed_trainer.storage_policy import Access, check_uri_syntax
+from kembed_contract.storage_policy import Access, check_uri_syntax
 
 __all__ = [
     "CheckpointConfig",
@@ -101,7 +101,7 @@ MAX_EVAL_SAMPLES = 100_000_000  # an eval's scores and labels are gathered on ev
 MAX_BATCH = 2**22  # samples per rank per step (4M); memory is checked separately
 MAX_EPOCHS = 100_000  # passes over the training data
 # Every storage URI of the config is one of these: the Access marks it for the storage policy's checks
-# (kembed_trainer.storage_policy.uri_fields finds them), the validator refuses what has no canonical form.
+# (kembed_contract.storage_policy.uri_fields finds them), the validator refuses what has no canonical form.
 ReadUri = Annotated[Uri, AfterValidator(check_uri_syntax), Access.READ]
 OptionalReadUri = Annotated[Uri | None, AfterValidator(lambda u: u if u is None else check_uri_syntax(u)), Access.READ]
 OptionalWriteUri = Annotated[

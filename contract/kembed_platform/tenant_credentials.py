@@ -1,7 +1,7 @@
 """Per-tenant S3 credentials, minted by kembed with the platform's IAM credentials (docs/security.md).
 
 Each tenant gets one IAM user whose only permissions are its storage policy turned into an IAM policy
-(`kembed_trainer.storage_policy.s3_policy_document`, the one place that says what a policy allows), and an access
+(`kembed_contract.storage_policy.s3_policy_document`, the one place that says what a policy allows), and an access
 key that only that tenant's trainers receive. The platform's own keys, which can do this minting, never reach a
 trainer: `trainer_environ` takes every way an AWS SDK finds credentials out of a trainer's environment before it
 puts the tenant's key in.
@@ -25,7 +25,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from kembed_trainer.storage_policy import StoragePolicy, s3_policy_document
+from kembed_contract.storage_policy import StoragePolicy
+from kembed_platform.iam_policy import s3_policy_document
 
 __all__ = ["ACCESS_KEY_ID", "PLATFORM_CREDENTIAL_VARS", "SECRET_ACCESS_KEY", "MintingSettings", "S3Credentials",
            "TenantCredentials", "trainer_environ"]

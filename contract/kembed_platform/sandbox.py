@@ -1,6 +1,6 @@
 """A kernel sandbox for trainers on a shared machine (the embedded default): Landlock, through ctypes.
 
-`python -m kembed_trainer.sandbox --read DIR... --write DIR... -- COMMAND...` restricts itself, then execs
+`python -m kembed_platform.sandbox --read DIR... --write DIR... -- COMMAND...` restricts itself, then execs
 COMMAND; everything COMMAND starts (torchrun, its ranks) inherits the restriction and cannot undo it. Inside,
 a file can be opened only beneath a granted path: readable beneath `--read`, also writable, creatable and
 removable beneath `--write`. So a trainer cannot open the server's database, its tokens or another tenant's
@@ -120,9 +120,10 @@ def python_paths() -> list[str]:
     import importlib.util
 
     paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, *(p for p in sys.path if p and os.path.isdir(p))]
-    spec = importlib.util.find_spec("kembed_trainer")  # an editable install finds it outside sys.path
-    if spec and spec.submodule_search_locations:
-        paths += list(spec.submodule_search_locations)
+    for package in ("kembed_trainer", "kembed_contract"):  # what a trainer imports of ours
+        spec = importlib.util.find_spec(package)  # an editable install finds it outside sys.path
+        if spec and spec.submodule_search_locations:
+            paths += list(spec.submodule_search_locations)
     return list(dict.fromkeys(os.path.realpath(p) for p in paths))
 
 
@@ -169,10 +170,10 @@ def rules(*, read: Iterable[str], write: Iterable[str], denied: Sequence[str],
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
-        print("usage: python -m kembed_trainer.sandbox [--read P]... [--write P]... -- COMMAND...", file=sys.stderr)
+        print("usage: python -m kembed_platform.sandbox [--read P]... [--write P]... -- COMMAND...", file=sys.stderr)
         return 2
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m kembed_trainer.sandbox")
+    parser = argparse.ArgumentParser(prog="python -m kembed_platform.sandbox")
     parser.add_argument("--read", action="append", default=[])
     parser.add_argument("--write", action="append", default=[])
     args = parser.parse_args(argv[:split])
