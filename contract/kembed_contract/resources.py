@@ -47,6 +47,8 @@ EmbeddingJob (namespaced, in ``kembed-<tenant>``; ``kubectl get embeddingjobs`` 
       report_token_secret  name of a Secret in the job's namespace holding the per-job report token under key
                     ``token`` (env KEMBED_REPORT_TOKEN). The API creates the Secret before the EmbeddingJob; the
                     operator makes the EmbeddingJob its owner, so it goes when the job is deleted.
+      storage_budget_bytes  what the job's checkpoint folder may hold (env KEMBED_STORAGE_BUDGET_BYTES; the
+                    tenant's quota.storage less what it keeps elsewhere, counted by the API); unset: no limit.
     The rest of spec is fixed once the job started: the operator reads only cancel and suspend afterwards.
     status
       phase         a JobState: ADMITTED (children created, pods starting), RUNNING (every pod of the gang
@@ -261,6 +263,9 @@ class EmbeddingJobSpec(JobSpec):
     report_token_secret: str | None = Field(
         None, description="Secret in this namespace with key 'token' (KEMBED_REPORT_TOKEN); owned by the job."
     )
+    storage_budget_bytes: int | None = Field(
+        None, ge=0, le=2**62, description="Bytes the job's checkpoints may take (KEMBED_STORAGE_BUDGET_BYTES); "
+        "unset: no storage quota.")
 
     def job_spec(self) -> JobSpec:
         """The plain JobSpec (without the cluster-only fields)."""
@@ -308,12 +313,14 @@ def embedding_job_manifest(
     report_url: str | None = None,
     report_token_secret: str | None = None,
     labels: dict[str, str] | None = None,
+    storage_budget_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The EmbeddingJob the API creates for an admitted job (in namespace ``tenant_namespace(tenant)``)."""
     if not (len(job_id) <= MAX_JOB_NAME and _matches(_DNS_LABEL, job_id)):
         raise ValueError(f"job id {job_id!r} must be a DNS label of at most {MAX_JOB_NAME} characters")
     full = EmbeddingJobSpec.model_validate(
-        {**spec.model_dump(mode="json"), "report_url": report_url, "report_token_secret": report_token_secret}
+        {**spec.model_dump(mode="json"), "report_url": report_url, "report_token_secret": report_token_secret,
+         "storage_budget_bytes": storage_budget_bytes}
     )
     return {
         "apiVersion": API_VERSION, "kind": EMBEDDING_JOB_KIND,
