@@ -67,7 +67,7 @@ def _bootstrap(settings: Settings, db: Database, storage: PlatformStorage) -> No
     secret = settings.bootstrap_admin_token.get_secret_value() if settings.bootstrap_admin_token else None
     with db.session(write=True) as session:
         db.lock_across_replicas(session)  # replicas starting together on a new database bootstrap one at a time
-        tenant = ensure_tenant(session, name=settings.default_tenant)
+        tenant = ensure_tenant(session, name=settings.default_tenant, quota=settings.default_quota)
         fill_unset_storage(session, storage=storage)
         minted = ensure_bootstrap_token(session, tenant=tenant, secret=secret) if settings.auth else None
     if minted:

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kembed_contract.quota import QuotaSpec
 from kembed_contract.tenant_credentials import MintingSettings
 
 __all__ = ["Backend", "Settings"]
@@ -81,6 +82,13 @@ class Settings(MintingSettings, BaseSettings):
         "runs under Landlock, reading and writing only its tenant's folders, never the data dir (the server "
         "refuses to start without it); auto = Landlock where the kernel has it, else a warning at start; off = "
         "none (the storage policy is still enforced by the API and the trainer).",
+    )
+    default_quota: QuotaSpec = Field(
+        default_factory=lambda: QuotaSpec(max_queued_jobs=1000),
+        description="The quota a new tenant starts with, as JSON (the quota model, docs/api.md): what its "
+        "creation leaves out is taken from here, then a platform admin changes it. By default only the queue "
+        "is bounded: 1,000 waiting jobs are far more than a team plans, and a bound keeps one tenant's script "
+        "from filling the database; set e.g. storage or max_run_seconds here to bound every new tenant's.",
     )
     dispatch_interval_s: float = Field(
         0.5, gt=0, description="Seconds between dispatcher passes (it also wakes at once on submit/exit)."

@@ -194,6 +194,8 @@ class LocalBackend:
         }
         if launch.storage_policy is not None:
             env[POLICY_ENV] = launch.storage_policy.to_json()
+        if launch.storage_budget_bytes is not None:
+            env[runtime.ENV_STORAGE_BUDGET] = str(launch.storage_budget_bytes)
         if self.credentials is not None:
             # Fail closed: with minting on, a job without a policy would get no key, never the platform's.
             policy = launch.storage_policy or StoragePolicy()
@@ -329,6 +331,10 @@ class LocalBackend:
                 lines = deque(f, maxlen=tail_lines) if tail_lines else f.readlines()
             parts.append("".join(lines))
         return "".join(parts)
+
+    def log_bytes(self, job_id: str) -> int:
+        """The job's log files' sizes (a stat each): its tenant's storage counts them."""
+        return sum(path.stat().st_size for path in self._log_dir(job_id).glob("node-*.log"))
 
     def shutdown(self) -> None:
         with self._lock:
