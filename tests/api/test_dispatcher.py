@@ -375,3 +375,56 @@ def test_a_forecast_places_every_queued_job_and_estimates_only_what_can_be_known
     # two trainer processes fit at once (one each): the first two start now; the others wait for jobs nobody
     # can say when will end
     assert [start is not None for _, start in placed] == [True, True, False, False, False]
+
+
+def test_a_job_past_its_time_limit_is_stopped_and_fails_counting_only_time_running(db, backend):
+    """max_run_seconds counts time running over all of a job's admissions, not time queued; past it the job is
+    stopped (it saves, as on cancel) and fails with DeadlineExceeded. A tenant's quota.max_run_seconds is the
+    default of its jobs that set none."""
+    from datetime import UTC, datetime, timedelta
+
+    start = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
+    now = [start]
+    dispatcher = Dispatcher(db=db, backend=backend, public_url="http://127.0.0.1:1", clock=lambda: now[0])
+
+    def at(seconds: float) -> None:
+        now[0] = start + timedelta(seconds=seconds)
+        dispatcher.run_once()
+
+    builder = make_spec("limited")
+    builder.spec["max_run_seconds"] = 100
+    job_id = submit(db, builder)
+    at(0)
+    at(60)
+    assert state_of(db, job_id)[0] is JobState.RUNNING and backend.stopped == []
+
+    # Preempted and back in the queue for 1000 s: that wait does not count.
+    dispatcher.admission_paused = True
+    backend.observe(job_id, JobState.QUEUED, reason="Stopped")
+    at(70)
+    assert state_of(db, job_id)[0] is JobState.QUEUED
+    dispatcher.admission_paused = False
+    at(1070)  # admitted and started again: 70 s used so far
+    at(1099)
+    assert state_of(db, job_id)[0] is JobState.RUNNING and backend.stopped == []
+    at(1101)  # 101 s running
+    assert backend.stopped == [job_id]
+    assert state_of(db, job_id)[0] is JobState.RUNNING  # still writing its checkpoint
+    backend.finish(job_id, succeeded=False, retryable=True)  # exited 143 after saving
+    at(1102)
+    assert state_of(db, job_id) == (JobState.FAILED, "DeadlineExceeded")
+    with db.session() as session:
+        message = session.query(Job).filter_by(id=job_id).one().message
+    assert "past its time limit of 100 s (max_run_seconds)" in message
+
+    with db.session() as session:
+        ensure_tenant(session, name="default").quota_max_run_seconds = 50
+    defaulted = submit(db, make_spec("defaulted"))
+    at(2000)
+    at(2049)
+    assert defaulted not in backend.stopped
+    at(2050)
+    assert backend.stopped[-1] == defaulted
+    backend.finish(defaulted, succeeded=False, retryable=True)
+    at(2051)
+    assert state_of(db, defaulted) == (JobState.FAILED, "DeadlineExceeded")
