@@ -42,6 +42,7 @@ __all__ = [
     "EVENT_STARTED",
     "EXIT_BAD_CONFIG",
     "EXIT_OK",
+    "EVAL_SCORE_CHUNK_BYTES",
     "EXPORT_FORMATS",
     "EXIT_REASONS",
     "EXIT_STOPPED",
@@ -208,6 +209,12 @@ def steps_needed(steps: Iterable[int], markers: Mapping[int, CheckpointMarker]) 
 
 # ---- exports: format -> file suffix (kembed_trainer.export writes them; the API and the CLI offer them) --------
 EXPORT_FORMATS = {"parquet": ".parquet", "word2vec-text": ".txt", "word2vec-binary": ".bin", "numpy": ".npy"}
+
+# ---- evaluation's working memory (kembed_trainer.metrics; the API's memory estimate counts it) --------------
+# The most an evaluation holds of a queries x candidates score matrix at once (recall@k's positives x items,
+# word2vec's analogy questions x vocabulary), in bytes of float32 scores; the whole matrix at 200,000 items would
+# be tens of GB.
+EVAL_SCORE_CHUNK_BYTES = 64 * 2**20
 
 # ---- sparse-optimizer state, in floats per embedding element ------------------------------------------------
 # adagrad keeps one accumulator per element, row-wise adagrad one per row, adam two moments per element.
