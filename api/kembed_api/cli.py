@@ -394,8 +394,8 @@ def tenants_set_quota(name: str, gpus: GpusOption = None, cpu: CpuOption = None,
                       cohort: CohortOption = None, borrow_gpus: BorrowGpusOption = None,
                       max_priority_class: ClassOption = None,
                       server: ServerOption = "http://127.0.0.1:8080") -> None:
-    """Replace a tenant's quota (limits not given become unlimited) and, if any sharing option is given, its
-    sharing; running jobs keep running."""
+    """Change the limits given of a tenant's quota (the others stay as they are) and, if any sharing option is
+    given, replace its sharing; running jobs keep running."""
     quota = _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs)
     sharing = _sharing(cohort, borrow_gpus, max_priority_class)
     _show_tenant(_request(server, lambda client: client.set_quota(name, quota, sharing)))

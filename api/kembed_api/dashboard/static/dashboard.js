@@ -211,6 +211,7 @@
       { key: "memory", label: "Memory", used: usage.used.memory_bytes, limit: overview.quota_memory_bytes, fmt: bytes },
       { key: "running", label: "Running jobs", used: usage.used.running_jobs, limit: q.max_running_jobs, fmt: number },
       { key: "queued", label: "Queued jobs", used: usage.queued_jobs, limit: q.max_queued_jobs, fmt: number },
+      { key: "storage", label: "Storage", used: usage.stored_bytes, limit: overview.quota_storage_bytes, fmt: bytes },
     ];
     const container = $("#bars");
     for (const d of dims) {
