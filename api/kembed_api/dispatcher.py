@@ -232,8 +232,9 @@ class Dispatcher:
                 self.backend.stop(job.id)
             elif overrun and job.state in (JobState.RUNNING, JobState.RESTARTING):
                 self.backend.stop(job.id)  # it saves a checkpoint first, as on cancel; it fails once it stopped
-                if job.message != overrun:
-                    job.message = overrun
+                stopping = f"{overrun}; stopping (saving a checkpoint first)"
+                if job.message != stopping:  # written once, not on every pass of the grace period
+                    job.message = stopping
             if seen is not None:
                 self._follow(session, job, seen, now=now)
             return
@@ -246,8 +247,9 @@ class Dispatcher:
             transitions.transition(session, job, JobState.SUCCEEDED, reason=seen.reason,
                                message=f"trained {job.step} steps{checkpoint}", now=now)
         elif overrun:  # stopped for it (or ended otherwise past it): never restarted nor queued again
+            ran = f"ran {transitions.run_seconds(job, now=now):.0f} s, {overrun}"
             transitions.transition(session, job, JobState.FAILED, reason="DeadlineExceeded",
-                               message=f"{overrun}; stopped at step {job.step}{checkpoint}", now=now)
+                               message=f"{ran}; stopped at step {job.step}{checkpoint}", now=now)
         elif job.state == JobState.PREEMPTED and seen.retryable:
             transitions.requeue(session, job, now=now)
         elif not seen.retryable:  # a final failure (the operator's, with its restarts spent), or a permanent one
@@ -268,11 +270,11 @@ class Dispatcher:
         limits = [v for v in (own, tenant.quota_max_run_seconds) if isinstance(v, int | float) and v > 0]
         if not limits:
             return None
-        limit, ran = min(limits), transitions.run_seconds(job, now=now)
-        if ran < limit:
+        limit = min(limits)
+        if transitions.run_seconds(job, now=now) < limit:
             return None
         which = "max_run_seconds" if own is not None and own <= limit else "the tenant's quota.max_run_seconds"
-        return f"ran {ran:.0f} s, past its time limit of {limit:g} s ({which})"
+        return f"past its time limit of {limit:g} s ({which})"
 
     def _count_logs(self, session: Session, job: Job, *, ended: bool) -> None:
         """Keep the job's log size (its tenant's storage) current enough: see _LOG_BYTES_STEP."""
