@@ -312,8 +312,14 @@ class Dispatcher:
                                message=f"the stored spec breaks today's rules: {format_validation_error(error)}",
                                now=self.clock())
             return
-        token, token_hash = reports.new_report_token()
         tenant = session.get(Tenant, job.tenant_id)
+        budget = storage_use.budget_bytes(session, tenant=tenant, job=job)
+        if budget == 0:  # what the tenant keeps besides this job fills its quota: its first save could only fail
+            elsewhere = storage_use.stored_bytes(session, tenant_id=tenant.id) - job.checkpoint_bytes
+            transitions.transition(session, job, JobState.FAILED, reason="StorageQuotaExceeded", now=self.clock(),
+                                   message=storage_use.over_quota(tenant, stored=elsewhere) or "")
+            return
+        token, token_hash = reports.new_report_token()
         resuming = job.state == JobState.RESTARTING or job.checkpoint_uri is not None  # restarted or preempted
         try:
             if job.restart_count == 0 and not resuming:
@@ -323,7 +329,7 @@ class Dispatcher:
                 Launch(job_id=job.id, tenant=tenant.name, spec=spec, attempt=job.restart_count + 1,
                        report_url=f"{self.public_url}/v1/jobs/{job.id}/reports", report_token=token,
                        storage_policy=policy_of(tenant, self.storage) if self.storage else None,
-                       storage_budget_bytes=storage_use.budget_bytes(session, tenant=tenant, job=job))
+                       storage_budget_bytes=budget)
             )
         except NotReady as error:
             job.message = f"admitted; waiting to start: {error}"  # retried on the next pass

@@ -10,8 +10,9 @@ never kept.) How it is counted, cheaply, without listing anyone's storage on a r
 - each is kept on the job (`checkpoint_bytes`, `log_bytes`), and the tenant's total (`Tenant.stored_bytes`)
   moves by the difference in the same transaction, so the usage endpoint and admission read one column.
 
-Enforced in two places: a submission is refused while the tenant is at or over its quota, and a trainer is told
-at launch how much its folder may hold (`runtime.ENV_STORAGE_BUDGET`: the quota less what the tenant keeps
+Enforced in three places: a submission is refused while the tenant is at or over its quota, a job whose launch
+finds nothing left of it fails at once (StorageQuotaExceeded), and a trainer is told at launch how much its
+folder may hold (`runtime.ENV_STORAGE_BUDGET`: the quota less what the tenant keeps
 elsewhere) and fails a save that would pass it (StorageQuotaExceeded), keeping its earlier checkpoints. Jobs of
 one tenant running side by side each get what was free at their launch, so together they may pass the quota by
 what one job's budget allows; the next submission is then refused until space is freed.
@@ -25,7 +26,7 @@ from sqlalchemy.orm import Session
 from kembed_api.jobs.models import Job
 from kembed_api.tenants.models import Tenant
 
-__all__ = ["budget_bytes", "over_quota", "record_job_bytes"]
+__all__ = ["budget_bytes", "over_quota", "record_job_bytes", "stored_bytes"]
 
 _TENANTS = Tenant.__table__
 _MOVE_TOTAL = (update(_TENANTS).where(_TENANTS.c.id == bindparam("tenant_id"))
@@ -60,13 +61,13 @@ def budget_bytes(session: Session, *, tenant: Tenant, job: Job) -> int | None:
     return max(0, tenant.quota_storage_bytes - elsewhere)
 
 
-def over_quota(tenant: Tenant) -> str | None:
+def over_quota(tenant: Tenant, *, stored: int | None = None) -> str | None:
     """Why the tenant may not submit now (its stored bytes fill its quota), or None. `tenant`: a Tenant or a row
-    of `tenants` read just now (its stored_bytes current)."""
+    of `tenants` read just now (its stored_bytes current), or `stored` given."""
     if tenant.quota_storage_bytes is None:
         return None
-    used = tenant.stored_bytes
+    used = tenant.stored_bytes if stored is None else stored
     if used < tenant.quota_storage_bytes:
         return None
     return (f"quota.storage: the tenant keeps {used} bytes of checkpoints and logs, its quota is "
-            f"{tenant.quota_storage_bytes} bytes; free space (or ask for more) before submitting")
+            f"{tenant.quota_storage_bytes} bytes; free space or raise the quota, then submit again")

@@ -428,3 +428,30 @@ def test_a_job_past_its_time_limit_is_stopped_and_fails_counting_only_time_runni
     backend.finish(defaulted, succeeded=False, retryable=True)
     at(2051)
     assert state_of(db, defaulted) == (JobState.FAILED, "DeadlineExceeded")
+
+
+def test_a_job_launched_with_no_storage_left_fails_at_once_and_one_with_some_is_told_its_budget(db, backend,
+                                                                                               dispatcher):
+    """The budget a trainer gets is the tenant's storage quota less what it keeps besides that job's own folder;
+    with nothing left the job fails StorageQuotaExceeded before it starts (a tenant already over at submission
+    is refused there)."""
+    from kembed_api import storage_use
+
+    room = submit(db, make_spec("room"))
+    full = submit(db, make_spec("full"))
+    with db.session() as session:
+        tenant = ensure_tenant(session, name="default")
+        tenant.quota_storage_bytes = 1000
+        other = session.query(Job).filter_by(id=full).one()
+        storage_use.record_job_bytes(session, other, checkpoint_bytes=300, log_bytes=100)  # as if reported
+    dispatcher.run_once()
+    assert [(launch.job_id, launch.storage_budget_bytes) for launch in backend.started][0] == (room, 600)
+    with db.session() as session:
+        assert ensure_tenant(session, name="default").stored_bytes == 400
+
+    late = submit(db, make_spec("late"))
+    with db.session() as session:
+        storage_use.record_job_bytes(session, session.query(Job).filter_by(id=room).one(), checkpoint_bytes=700)
+    dispatcher.run_once()
+    assert state_of(db, late) == (JobState.FAILED, "StorageQuotaExceeded")
+    assert late not in backend.started_ids()
