@@ -622,6 +622,7 @@
     { key: "gpus", label: "GPUs", type: "int" }, { key: "cpu", label: "CPU cores", type: "float" },
     { key: "memory", label: "Memory", type: "text" }, { key: "max_running_jobs", label: "Max running jobs", type: "int" },
     { key: "max_queued_jobs", label: "Max queued jobs", type: "int" },
+    { key: "storage", label: "Storage", type: "text" }, { key: "max_run_seconds", label: "Max run seconds", type: "int" },
   ];
 
   function adminPage() {
