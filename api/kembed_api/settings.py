@@ -88,7 +88,8 @@ class Settings(MintingSettings, BaseSettings):
         description="The quota a new tenant starts with, as JSON (the quota model, docs/api.md): what its "
         "creation leaves out is taken from here, then a platform admin changes it. By default only the queue "
         "is bounded: 1,000 waiting jobs are far more than a team plans, and a bound keeps one tenant's script "
-        "from filling the database; set e.g. storage or max_run_seconds here to bound every new tenant's.",
+        "from filling the database. Setting it replaces the whole default (keep max_queued_jobs in it), e.g. "
+        '{"max_queued_jobs": 1000, "storage": "1Ti", "max_run_seconds": 86400}.',
     )
     dispatch_interval_s: float = Field(
         0.5, gt=0, description="Seconds between dispatcher passes (it also wakes at once on submit/exit)."

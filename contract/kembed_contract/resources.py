@@ -12,9 +12,10 @@ Tenant (cluster-scoped, ``kubectl get tenants``)
     metadata.name   the tenant's name: a DNS label of at most 56 characters (its namespace is ``kembed-<name>``).
     spec.quota      the tenant's nominal quota, ``kembed_contract.quota.QuotaSpec`` (the model the API and its
                     database use): gpus (nvidia.com/gpu), cpu (cores), memory (a quantity), max_running_jobs,
-                    max_queued_jobs; omitted: unlimited. The operator writes gpus, cpu and memory into the
-                    namespace's ResourceQuota (requests.* and limits.*; changes apply in place); the job counts
-                    are enforced by the API's admission, not by Kubernetes.
+                    max_queued_jobs, storage, max_run_seconds; omitted: unlimited. The operator writes gpus, cpu
+                    and memory into the namespace's ResourceQuota (requests.* and limits.*; changes apply in
+                    place); the job counts and the run time are enforced by the API, storage by the API and the
+                    trainers (each told its budget), not by Kubernetes.
     spec.sharing    its cohort, borrowing limit and highest priority class (``kembed_contract.quota.SharingSpec``).
                     In a cohort the ResourceQuota is the quota plus the borrowing limit, so borrowed pods can
                     start; what it may borrow at a given moment is decided by the API's admission.
