@@ -34,6 +34,7 @@ from benchmarks.operator_scale import _load, _post, _proc_cpu_s
 from kembed_contract import crds, resources
 from kembed_operator import job_manifests
 from kembed_operator.settings import OperatorSettings
+from tests.builders import operator_job
 from tests.cluster import controlplane
 from tests.cluster.fixture import Cluster, wait_for
 from tests.operator import harness
@@ -117,7 +118,7 @@ def main() -> int:
         n = args.count
         manifests = []
         for i in range(n):
-            builder = harness.JobBuilder(f"j{i}").gpus(1)
+            builder = operator_job(f"j{i}")
             builder.spec["labels"] = {}
             manifests.append(builder.manifest(tenant))
         spec = resources.EmbeddingJobSpec.model_validate(manifests[0]["spec"])

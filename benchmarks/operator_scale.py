@@ -53,6 +53,7 @@ from kembed_contract import resources
 from kembed_operator import job_manifests
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import ATTEMPT_LABEL, JOB_LABEL
+from tests.builders import operator_job
 from tests.cluster import controlplane
 from tests.cluster.fixture import Cluster, wait_for
 from tests.operator import harness
@@ -433,7 +434,7 @@ def main() -> int:
         def job_specs(prefix: str) -> list[tuple[str, str, resources.EmbeddingJobSpec, dict[str, Any]]]:
             out = []
             for i in range(args.jobs):
-                builder = harness.JobBuilder(f"{prefix}{i}").gpus(1)
+                builder = operator_job(f"{prefix}{i}")
                 builder.spec["labels"] = {}
                 tenant = tenants[i % len(tenants)]
                 manifest = builder.manifest(tenant)

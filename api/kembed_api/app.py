@@ -10,7 +10,6 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
 from fastapi.staticfiles import StaticFiles
-from kembed_platform.tenant_credentials import TenantCredentials
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kembed_api import __version__, bodies, errors
@@ -32,6 +31,7 @@ from kembed_api.settings import Settings
 from kembed_api.storage import PlatformStorage
 from kembed_api.tenants import router as tenants_router
 from kembed_api.tenants.service import ensure_tenant, fill_unset_storage
+from kembed_platform.tenant_credentials import TenantCredentials
 
 __all__ = ["ADMIN_TOKEN_FILE", "create_app"]
 
@@ -67,7 +67,7 @@ def _bootstrap(settings: Settings, db: Database, storage: PlatformStorage) -> No
     secret = settings.bootstrap_admin_token.get_secret_value() if settings.bootstrap_admin_token else None
     with db.session(write=True) as session:
         db.lock_across_replicas(session)  # replicas starting together on a new database bootstrap one at a time
-        tenant = ensure_tenant(session, name=settings.default_tenant)
+        tenant = ensure_tenant(session, name=settings.default_tenant, quota=settings.default_quota)
         fill_unset_storage(session, storage=storage)
         minted = ensure_bootstrap_token(session, tenant=tenant, secret=secret) if settings.auth else None
     if minted:

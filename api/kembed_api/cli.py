@@ -314,6 +314,9 @@ QueuedOption = Annotated[int | None, typer.Option(help="Jobs waiting at once (mo
 CohortOption = Annotated[str | None, typer.Option(help="Cohort whose members lend each other idle quota.")]
 BorrowGpusOption = Annotated[int | None, typer.Option(help="GPUs it may borrow beyond its quota (default: any idle).")]
 ClassOption = Annotated[str | None, typer.Option(help="Highest priority class its jobs may use (default: any).")]
+LimitOption = Annotated[list[str] | None, typer.Option(
+    "--limit", help="Any quota field as NAME=VALUE, e.g. storage=2Ti or max_run_seconds=86400 (docs/api.md lists "
+    "them; VALUE none: unlimited); repeat for more. The server checks the names and values.")]
 
 
 def _sharing(cohort, borrow_gpus, max_priority_class) -> dict[str, Any] | None:
@@ -329,11 +332,27 @@ WritePrefixOption = Annotated[list[str] | None, typer.Option(
     "--write-prefix", help="A URI prefix the tenant's jobs may write and read; repeat for more.")]
 
 
-def _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs) -> dict[str, Any]:
-    """Only the limits given; the rest stay unlimited."""
+def _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs, limits: list[str] | None = None) -> dict[str, Any]:
+    """Only the limits given (the server fills in or keeps the rest)."""
     given = {"gpus": gpus, "cpu": cpu, "memory": memory, "max_running_jobs": max_running_jobs,
              "max_queued_jobs": max_queued_jobs}
-    return {k: v for k, v in given.items() if v is not None}
+    quota = {k: v for k, v in given.items() if v is not None}
+    for item in limits or []:
+        name, _, value = item.partition("=")
+        quota[name.strip()] = _limit_value(value.strip())
+    return quota
+
+
+def _limit_value(text: str) -> Any:
+    """A --limit value as JSON would carry it: none/null, a whole number, a number, else the text (a quantity)."""
+    if text.lower() in ("none", "null", ""):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
 
 
 def _show_quota(quota: dict[str, Any]) -> str:
@@ -361,12 +380,13 @@ def _show_sharing(tenant: dict[str, Any]) -> str:
 @tenants_app.command("create")
 def tenants_create(name: str, gpus: GpusOption = None, cpu: CpuOption = None, memory: MemoryOption = None,
                    max_running_jobs: RunningOption = None, max_queued_jobs: QueuedOption = None,
-                   cohort: CohortOption = None, borrow_gpus: BorrowGpusOption = None,
+                   limit: LimitOption = None, cohort: CohortOption = None, borrow_gpus: BorrowGpusOption = None,
                    max_priority_class: ClassOption = None, read_prefix: ReadPrefixOption = None,
                    write_prefix: WritePrefixOption = None, server: ServerOption = "http://127.0.0.1:8080") -> None:
-    """Create a tenant; limits not given are unlimited (its quota is its guaranteed share in a cohort); a storage
-    policy not given is the platform's default."""
-    quota = _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs)
+    """Create a tenant; limits not given come from the platform's default quota (KEMBED_DEFAULT_QUOTA: a queue
+    bound, otherwise unlimited; its quota is its guaranteed share in a cohort); a storage policy not given is the
+    platform's default."""
+    quota = _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs, limit)
     sharing = _sharing(cohort, borrow_gpus, max_priority_class)
     storage = ({"read": read_prefix or [], "write": write_prefix or []}
                if read_prefix is not None or write_prefix is not None else None)
@@ -391,12 +411,12 @@ def tenants_show(name: str, server: ServerOption = "http://127.0.0.1:8080") -> N
 @tenants_app.command("set-quota")
 def tenants_set_quota(name: str, gpus: GpusOption = None, cpu: CpuOption = None, memory: MemoryOption = None,
                       max_running_jobs: RunningOption = None, max_queued_jobs: QueuedOption = None,
-                      cohort: CohortOption = None, borrow_gpus: BorrowGpusOption = None,
+                      limit: LimitOption = None, cohort: CohortOption = None, borrow_gpus: BorrowGpusOption = None,
                       max_priority_class: ClassOption = None,
                       server: ServerOption = "http://127.0.0.1:8080") -> None:
-    """Replace a tenant's quota (limits not given become unlimited) and, if any sharing option is given, its
-    sharing; running jobs keep running."""
-    quota = _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs)
+    """Change the limits given of a tenant's quota (the others stay as they are) and, if any sharing option is
+    given, replace its sharing; running jobs keep running."""
+    quota = _quota(gpus, cpu, memory, max_running_jobs, max_queued_jobs, limit)
     sharing = _sharing(cohort, borrow_gpus, max_priority_class)
     _show_tenant(_request(server, lambda client: client.set_quota(name, quota, sharing)))
 
@@ -420,7 +440,7 @@ def tenants_usage(name: Annotated[str | None, typer.Argument(help="Default: the 
     console.print(f"[bold]{usage['tenant']}[/bold]  quota: {_show_quota(quota)}")
     console.print(f"used: {used['gpus']:g} GPUs, {used['cpu']:g} CPU, {used['memory_bytes'] / 2**30:.1f} GiB, "
                   f"{used['running_jobs']} running jobs; {usage['queued_jobs']} queued; "
-                  f"{usage['gpu_hours_7d']:.1f} GPU-hours in 7 days")
+                  f"{usage.get('stored_bytes', 0) / 2**30:.2f} GiB stored; {usage['gpu_hours_7d']:.1f} GPU-hours in 7 days")
     sharing = usage.get("sharing")
     if sharing:
         borrowed, lent = sharing["borrowed"], sharing["lent"]

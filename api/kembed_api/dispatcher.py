@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy import Row, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from kembed_api import preemption
+from kembed_api import preemption, storage_use
 from kembed_api.backends.base import Backend, Launch, NotReady, Observed
 from kembed_api.db import Database, utcnow
 from kembed_api.jobs import reports, transitions
@@ -51,6 +51,9 @@ _HELD_BY_TENANT = (
 )
 _COALESCE_S = 0.02
 _PASS_GAP_S = 0.1
+# A running job's log size is written down when it grew by this much since (and when the job ends): a write per
+# pass for every job that logs would cost more than the quota needs to know.
+_LOG_BYTES_STEP = 2**20
 
 
 class _Leadership:
@@ -221,9 +224,17 @@ class Dispatcher:
                 self._launch(session, job)
             return
         seen = self.backend.poll(job.id)
-        if seen is None or isinstance(seen, Observed):  # still running (in the state its backend says)
+        ended = not (seen is None or isinstance(seen, Observed))
+        self._count_logs(session, job, ended=ended)
+        overrun = self._overrun(session, job, now=now)
+        if not ended:  # still running (in the state its backend says)
             if job.cancel_requested:
                 self.backend.stop(job.id)
+            elif overrun and job.state in (JobState.RUNNING, JobState.RESTARTING):
+                self.backend.stop(job.id)  # it saves a checkpoint first, as on cancel; it fails once it stopped
+                stopping = f"{overrun}; stopping (saving a checkpoint first)"
+                if job.message != stopping:  # written once, not on every pass of the grace period
+                    job.message = stopping
             if seen is not None:
                 self._follow(session, job, seen, now=now)
             return
@@ -235,6 +246,10 @@ class Dispatcher:
         elif seen.succeeded:
             transitions.transition(session, job, JobState.SUCCEEDED, reason=seen.reason,
                                message=f"trained {job.step} steps{checkpoint}", now=now)
+        elif overrun:  # stopped for it (or ended otherwise past it): never restarted nor queued again
+            ran = f"ran {transitions.run_seconds(job, now=now):.0f} s, {overrun}"
+            transitions.transition(session, job, JobState.FAILED, reason="DeadlineExceeded",
+                               message=f"{ran}; stopped at step {job.step}{checkpoint}", now=now)
         elif job.state == JobState.PREEMPTED and seen.retryable:
             transitions.requeue(session, job, now=now)
         elif not seen.retryable:  # a final failure (the operator's, with its restarts spent), or a permanent one
@@ -245,6 +260,27 @@ class Dispatcher:
                                             max_restarts=read_stored(job.spec).max_restarts)
             job.restart_count = after.restart_count
             transitions.transition(session, job, after.state, reason=after.reason, message=after.message, now=now)
+
+    def _overrun(self, session: Session, job: Job, *, now: datetime) -> str | None:
+        """Why the job is past its time limit (the shorter of its spec's max_run_seconds and its tenant's
+        quota.max_run_seconds), counted in time running (transitions.run_seconds); None while within it."""
+        tenant = session.get(Tenant, job.tenant_id)
+        # Read from the stored JSON, not a validated spec: this runs for every active job on every pass.
+        own = job.spec.get("max_run_seconds") if isinstance(job.spec, dict) else None
+        limits = [v for v in (own, tenant.quota_max_run_seconds) if isinstance(v, int | float) and v > 0]
+        if not limits:
+            return None
+        limit = min(limits)
+        if transitions.run_seconds(job, now=now) < limit:
+            return None
+        which = "max_run_seconds" if own is not None and own <= limit else "the tenant's quota.max_run_seconds"
+        return f"past its time limit of {limit:g} s ({which})"
+
+    def _count_logs(self, session: Session, job: Job, *, ended: bool) -> None:
+        """Keep the job's log size (its tenant's storage) current enough: see _LOG_BYTES_STEP."""
+        size = self.backend.log_bytes(job.id)
+        if size != job.log_bytes and (ended or abs(size - (job.log_bytes or 0)) >= _LOG_BYTES_STEP):
+            storage_use.record_job_bytes(session, job, log_bytes=size)
 
     def _follow(self, session: Session, job: Job, seen: Observed, *, now: datetime) -> None:
         """Follow a backend that restarts and stops gangs itself (Kubernetes): its state becomes the job's, by
@@ -276,8 +312,14 @@ class Dispatcher:
                                message=f"the stored spec breaks today's rules: {format_validation_error(error)}",
                                now=self.clock())
             return
-        token, token_hash = reports.new_report_token()
         tenant = session.get(Tenant, job.tenant_id)
+        budget = storage_use.budget_bytes(session, tenant=tenant, job=job)
+        if budget == 0:  # what the tenant keeps besides this job fills its quota: its first save could only fail
+            elsewhere = storage_use.stored_bytes(session, tenant_id=tenant.id) - job.checkpoint_bytes
+            transitions.transition(session, job, JobState.FAILED, reason="StorageQuotaExceeded", now=self.clock(),
+                                   message=storage_use.over_quota(tenant, stored=elsewhere) or "")
+            return
+        token, token_hash = reports.new_report_token()
         resuming = job.state == JobState.RESTARTING or job.checkpoint_uri is not None  # restarted or preempted
         try:
             if job.restart_count == 0 and not resuming:
@@ -286,7 +328,8 @@ class Dispatcher:
             backend_state = self.backend.start(
                 Launch(job_id=job.id, tenant=tenant.name, spec=spec, attempt=job.restart_count + 1,
                        report_url=f"{self.public_url}/v1/jobs/{job.id}/reports", report_token=token,
-                       storage_policy=policy_of(tenant, self.storage) if self.storage else None)
+                       storage_policy=policy_of(tenant, self.storage) if self.storage else None,
+                       storage_budget_bytes=budget)
             )
         except NotReady as error:
             job.message = f"admitted; waiting to start: {error}"  # retried on the next pass

@@ -101,6 +101,31 @@ def _hotness(trainer: TrainerConfig) -> int:
     return 1  # table data: one id per column unless multi-hot, which the config cannot tell
 
 
+def _eval_bytes(trainer: TrainerConfig, *, width: int, hot: int) -> int:
+    """What an evaluation holds at its peak: what is gathered of the held-out set (where its size is known:
+    synthetic data), one eval batch, and one chunk of a score matrix (runtime.EVAL_SCORE_CHUNK_BYTES, with its
+    comparison's booleans) where a metric ranks against every candidate."""
+    total = 0
+    num_features = len(trainer.embeddings.features)
+    ranks_candidates = "recall_at_k" in trainer.eval_metrics or trainer.model.kind == "word2vec"
+    if ranks_candidates:
+        total += runtime.EVAL_SCORE_CHUNK_BYTES + runtime.EVAL_SCORE_CHUNK_BYTES // _BYTES_PER_FLOAT
+    if trainer.data.kind == "synthetic":
+        rows = trainer.data.eval_samples
+        # Scores and labels of the whole held-out set end up on every rank (all-gather), with the list they
+        # came from; one chunk of inputs.
+        total += rows * 2 * _BYTES_PER_FLOAT * 2
+        total += _SYNTHETIC_EVAL_CHUNK * num_features * hot * (_BYTES_PER_ID + width * _BYTES_PER_FLOAT)
+        if "recall_at_k" in trainer.eval_metrics:
+            # Each row's user and item encodings and item bias, gathered (with the padded copies all_gather
+            # makes), and the distinct items taken from them.
+            total += rows * (2 * width + 1) * _BYTES_PER_FLOAT * 2 + rows * (width + 1) * _BYTES_PER_FLOAT * 2
+    if trainer.model.kind == "word2vec":
+        # The unit-length copy of the input vectors that neighbours and analogies are scored against.
+        total += max(t.num_embeddings * t.embedding_dim for t in trainer.embeddings.tables) * _BYTES_PER_FLOAT
+    return total
+
+
 def memory_per_rank(trainer: TrainerConfig, *, world_size: int = 1) -> MemoryEstimate:
     batch_size = trainer.training.batch_size
     num_features = len(trainer.embeddings.features)
@@ -115,12 +140,8 @@ def memory_per_rank(trainer: TrainerConfig, *, world_size: int = 1) -> MemoryEst
     activations = batch_size * (sum(layers) + trainer.data.num_dense) * _BYTES_PER_FLOAT * _ACTIVATION_COPIES
     batch = ids + pooled + sparse_grad + activations
 
-    eval_bytes, data_bytes = 0, 0
+    eval_bytes, data_bytes = _eval_bytes(trainer, width=width, hot=hot), 0
     if trainer.data.kind == "synthetic":
-        # Scores and labels of the whole held-out set end up on every rank (all-gather), plus the list they came
-        # from and one chunk of inputs.
-        eval_bytes = trainer.data.eval_samples * 2 * _BYTES_PER_FLOAT * 2
-        eval_bytes += _SYNTHETIC_EVAL_CHUNK * num_features * hot * (_BYTES_PER_ID + width * _BYTES_PER_FLOAT)
         data_bytes = sum(t.num_embeddings * len(t.features) for t in trainer.embeddings.tables)
         data_bytes *= _SYNTHETIC_BYTES_PER_ID
 

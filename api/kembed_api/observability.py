@@ -36,7 +36,8 @@ class _DatabaseCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         jobs = GaugeMetricFamily("kembed_jobs", "Jobs by tenant and state.", labels=["tenant", "state"])
         depth = GaugeMetricFamily("kembed_queue_depth", "Queued jobs per tenant.", labels=["tenant"])
-        used = GaugeMetricFamily("kembed_quota_used", "Resources held by admitted jobs.", labels=["tenant", "resource"])
+        used = GaugeMetricFamily("kembed_quota_used", "Resources held by admitted jobs; storage_bytes: bytes kept.",
+                                 labels=["tenant", "resource"])
         limit = GaugeMetricFamily("kembed_quota_limit", "Quota per tenant (absent = unlimited).",
                                   labels=["tenant", "resource"])
         with self.db.session() as session:
@@ -56,9 +57,11 @@ class _DatabaseCollector(Collector):
                                         ("running_jobs", running)):
                     used.add_metric([name, resource], float(value or 0))
             for tenant in tenants.values():
+                used.add_metric([tenant.name, "storage_bytes"], float(tenant.stored_bytes or 0))
                 for resource, value in (("gpus", tenant.quota_gpus), ("cpu", tenant.quota_cpu),
                                         ("memory_bytes", tenant.quota_memory_bytes),
-                                        ("running_jobs", tenant.quota_max_running_jobs)):
+                                        ("running_jobs", tenant.quota_max_running_jobs),
+                                        ("storage_bytes", tenant.quota_storage_bytes)):
                     if value is not None:
                         limit.add_metric([tenant.name, resource], float(value))
         yield from (jobs, depth, used, limit)

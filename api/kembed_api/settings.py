@@ -7,9 +7,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
-from kembed_platform.tenant_credentials import MintingSettings
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from kembed_contract.quota import QuotaSpec
+from kembed_platform.tenant_credentials import MintingSettings
 
 __all__ = ["Backend", "Settings"]
 
@@ -80,6 +82,14 @@ class Settings(MintingSettings, BaseSettings):
         "runs under Landlock, reading and writing only its tenant's folders, never the data dir (the server "
         "refuses to start without it); auto = Landlock where the kernel has it, else a warning at start; off = "
         "none (the storage policy is still enforced by the API and the trainer).",
+    )
+    default_quota: QuotaSpec = Field(
+        default_factory=lambda: QuotaSpec(max_queued_jobs=1000),
+        description="The quota a new tenant starts with, as JSON (the quota model, docs/api.md): what its "
+        "creation leaves out is taken from here, then a platform admin changes it. By default only the queue "
+        "is bounded: 1,000 waiting jobs are far more than a team plans, and a bound keeps one tenant's script "
+        "from filling the database. Setting it replaces the whole default (keep max_queued_jobs in it), e.g. "
+        '{"max_queued_jobs": 1000, "storage": "1Ti", "max_run_seconds": 86400}.',
     )
     dispatch_interval_s: float = Field(
         0.5, gt=0, description="Seconds between dispatcher passes (it also wakes at once on submit/exit)."

@@ -14,7 +14,8 @@ machine (kembed_operator.job_state). docs/architecture.md draws the diagram.
     and from every non-terminal state: FAILED, CANCELLED.
 
 Exit codes decide failures (the yardstick is Kubeflow Trainer's ExitCode restart policy): 1-127 are permanent
-(the program gave up: 1 an uncaught exception, 2 a bad config), 128-255 retryable (killed by a signal: 137
+(the program gave up: 1 an uncaught exception, 2 a bad config, 3 over the storage quota; the codes that name
+their reason are kembed_contract.runtime.EXIT_REASONS), 128-255 retryable (killed by a signal: 137
 SIGKILL or the OOM killer, 143 SIGTERM after a checkpoint). One gang fails together, so collateral failures
 (nodes stopped because a peer failed, pods being deleted or evicted) do not decide; one retryable failure
 explains its peers' exits; only a gang whose deciding failures are all permanent fails at once. A retryable
@@ -29,6 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+
+from kembed_contract import runtime
 
 __all__ = [
     "ACTIVE_STATES",
@@ -174,11 +177,12 @@ def judge(failures: Iterable[Failure]) -> Verdict:
                        f"{first.name} (node rank {first.index}) failed with {describe_exit_code(first.exit_code)}")
     # The node that says why goes first: its peers, which only lost it, say nothing.
     first = next((f for f in deciding if f.message), deciding[0])
+    reason = runtime.EXIT_REASONS.get(first.exit_code, "TrainerExitedPermanently")
     if first.message:
-        return Verdict(False, "TrainerExitedPermanently",
+        return Verdict(False, reason,
                        f"{first.name} (node rank {first.index}) failed with {describe_exit_code(first.exit_code)}: "
                        f"{first.message}")
-    return Verdict(False, "TrainerExitedPermanently",
+    return Verdict(False, reason,
                    f"{first.name} (node rank {first.index}) failed with {describe_exit_code(first.exit_code)}, "
                    "which is permanent (1-127); see its log")
 

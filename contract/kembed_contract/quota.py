@@ -8,7 +8,12 @@ Everything else follows from it, generated rather than restated:
   generates the CRD schema from it), and the operator writes its ResourceQuota from it;
 - the admission core's numbers are `QuotaSpec.amounts()`.
 A new dimension (say GPU-hours per week) is a field here, with its `Stored` marker, a migration adding its
-column, and the admission code that enforces it.
+column, and the code that enforces it. Not every dimension is held by running jobs: `storage` is the bytes a
+tenant keeps (checkpoints, logs; enforced by the trainer at save time and at submission, kembed_api.storage_use),
+`max_run_seconds` the longest any one of its jobs may run (enforced by the API's dispatcher), `max_queued_jobs`
+its queue (enforced at submission); admission's numbers (`kembed_api.admission.Quota.of`) are the others.
+
+A patch of a quota (`merged`) changes only the fields it sets; an explicit null clears one (unlimited).
 
 Omitted or null means unlimited. The bounds are far above any real cluster, and counts fit the database's
 32-bit integers.
@@ -21,11 +26,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kembed_contract.spec import QUANTITY_PATTERN, parse_quantity
+from kembed_contract.spec import MAX_RUN_SECONDS, QUANTITY_PATTERN, parse_quantity
 from kembed_contract.trainer_config import NumbersOnly
 
 __all__ = [
-    "MAX_CPU", "MAX_GPUS", "MAX_JOBS", "MAX_MEMORY_BYTES", "QuotaSpec", "SharingSpec", "Stored", "UsageAmounts",
+    "MAX_CPU", "MAX_GPUS", "MAX_JOBS", "MAX_MEMORY_BYTES", "MAX_RUN_SECONDS", "QuotaSpec", "SharingSpec", "Stored", "UsageAmounts",
     "cpu_quantity",
 ]
 
@@ -50,7 +55,8 @@ class QuotaSpec(BaseModel):
     """Limits of a tenant. Omitted or null means unlimited."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={
-        "examples": [{"gpus": 16, "cpu": 64, "memory": "256Gi", "max_running_jobs": 4, "max_queued_jobs": 100}]})
+        "examples": [{"gpus": 16, "cpu": 64, "memory": "256Gi", "max_running_jobs": 4, "max_queued_jobs": 100,
+                      "storage": "2Ti", "max_run_seconds": 86400}]})
 
     gpus: Annotated[Annotated[int, Field(ge=0, le=MAX_GPUS), NumbersOnly] | None, Stored.COUNT] = Field(
         None, description="GPUs all running jobs may hold together (nvidia.com/gpu).")
@@ -62,10 +68,26 @@ class QuotaSpec(BaseModel):
         None, description="Jobs admitted at once (enforced by the API's admission).")
     max_queued_jobs: Annotated[_Jobs | None, Stored.COUNT] = Field(
         None, description="Jobs waiting at once; a submission beyond it is refused with 429.")
+    storage: Annotated[Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)] | None, Stored.BYTES] = Field(
+        None, description="Bytes the tenant may keep stored (a quantity, e.g. 2Ti): its jobs' checkpoints and, on "
+        "the local backend, their logs. A save that would pass it fails the job (StorageQuotaExceeded); a tenant "
+        "over it cannot submit.")
+    max_run_seconds: Annotated[Annotated[int, Field(ge=1, le=MAX_RUN_SECONDS), NumbersOnly] | None,
+                               Stored.COUNT] = Field(
+        None, description="The longest one job may run, in seconds spent running (its default and its ceiling: a "
+        "job's own max_run_seconds may only be shorter); past it the job is stopped and fails (DeadlineExceeded).")
 
-    @field_validator("memory")
+    @field_validator("cpu")
     @classmethod
-    def _memory_is_quantity(cls, value: str | None) -> str | None:
+    def _cpu_in_millicores(cls, value: float | None) -> float | None:
+        # Kubernetes keeps CPU in millicores: a limit between 0 and 1m would be written "0" into the ResourceQuota.
+        if value is not None and 0 < value < 0.001:
+            raise ValueError("must be 0 or at least 0.001 (1m)")
+        return value
+
+    @field_validator("memory", "storage")
+    @classmethod
+    def _bytes_are_quantity(cls, value: str | None) -> str | None:
         if value is not None and not 0 <= parse_quantity(value) <= MAX_MEMORY_BYTES:
             raise ValueError("must be between 0 and 4Ei")
         return value
@@ -102,6 +124,10 @@ class QuotaSpec(BaseModel):
             else:
                 values[name] = value
         return cls.model_validate(values)
+
+    def merged(self, patch: QuotaSpec) -> QuotaSpec:
+        """This quota with the fields `patch` sets (explicit nulls included: unlimited) replaced; the rest kept."""
+        return self.model_copy(update={name: getattr(patch, name) for name in patch.model_fields_set})
 
     def plus(self, other: QuotaSpec) -> QuotaSpec:
         """Limits added dimension by dimension (unlimited stays unlimited): nominal plus a borrowing limit is the
@@ -147,7 +173,7 @@ class UsageAmounts(BaseModel):
 
 
 _MAXIMA = {"gpus": MAX_GPUS, "cpu": MAX_CPU, "memory_bytes": MAX_MEMORY_BYTES, "max_running_jobs": MAX_JOBS,
-           "max_queued_jobs": MAX_JOBS}
+           "max_queued_jobs": MAX_JOBS, "storage_bytes": MAX_MEMORY_BYTES, "max_run_seconds": MAX_RUN_SECONDS}
 
 
 def _bytes_quantity(value: int) -> str:

@@ -12,9 +12,10 @@ Tenant (cluster-scoped, ``kubectl get tenants``)
     metadata.name   the tenant's name: a DNS label of at most 56 characters (its namespace is ``kembed-<name>``).
     spec.quota      the tenant's nominal quota, ``kembed_contract.quota.QuotaSpec`` (the model the API and its
                     database use): gpus (nvidia.com/gpu), cpu (cores), memory (a quantity), max_running_jobs,
-                    max_queued_jobs; omitted: unlimited. The operator writes gpus, cpu and memory into the
-                    namespace's ResourceQuota (requests.* and limits.*; changes apply in place); the job counts
-                    are enforced by the API's admission, not by Kubernetes.
+                    max_queued_jobs, storage, max_run_seconds; omitted: unlimited. The operator writes gpus, cpu
+                    and memory into the namespace's ResourceQuota (requests.* and limits.*; changes apply in
+                    place); the job counts and the run time are enforced by the API, storage by the API and the
+                    trainers (each told its budget), not by Kubernetes.
     spec.sharing    its cohort, borrowing limit and highest priority class (``kembed_contract.quota.SharingSpec``).
                     In a cohort the ResourceQuota is the quota plus the borrowing limit, so borrowed pods can
                     start; what it may borrow at a given moment is decided by the API's admission.
@@ -47,6 +48,8 @@ EmbeddingJob (namespaced, in ``kembed-<tenant>``; ``kubectl get embeddingjobs`` 
       report_token_secret  name of a Secret in the job's namespace holding the per-job report token under key
                     ``token`` (env KEMBED_REPORT_TOKEN). The API creates the Secret before the EmbeddingJob; the
                     operator makes the EmbeddingJob its owner, so it goes when the job is deleted.
+      storage_budget_bytes  what the job's checkpoint folder may hold (env KEMBED_STORAGE_BUDGET_BYTES; the
+                    tenant's quota.storage less what it keeps elsewhere, counted by the API); unset: no limit.
     The rest of spec is fixed once the job started: the operator reads only cancel and suspend afterwards.
     status
       phase         a JobState: ADMITTED (children created, pods starting), RUNNING (every pod of the gang
@@ -261,6 +264,9 @@ class EmbeddingJobSpec(JobSpec):
     report_token_secret: str | None = Field(
         None, description="Secret in this namespace with key 'token' (KEMBED_REPORT_TOKEN); owned by the job."
     )
+    storage_budget_bytes: int | None = Field(
+        None, ge=0, le=2**62, description="Bytes the job's checkpoints may take (KEMBED_STORAGE_BUDGET_BYTES); "
+        "unset: no storage quota.")
 
     def job_spec(self) -> JobSpec:
         """The plain JobSpec (without the cluster-only fields)."""
@@ -308,12 +314,14 @@ def embedding_job_manifest(
     report_url: str | None = None,
     report_token_secret: str | None = None,
     labels: dict[str, str] | None = None,
+    storage_budget_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The EmbeddingJob the API creates for an admitted job (in namespace ``tenant_namespace(tenant)``)."""
     if not (len(job_id) <= MAX_JOB_NAME and _matches(_DNS_LABEL, job_id)):
         raise ValueError(f"job id {job_id!r} must be a DNS label of at most {MAX_JOB_NAME} characters")
     full = EmbeddingJobSpec.model_validate(
-        {**spec.model_dump(mode="json"), "report_url": report_url, "report_token_secret": report_token_secret}
+        {**spec.model_dump(mode="json"), "report_url": report_url, "report_token_secret": report_token_secret,
+         "storage_budget_bytes": storage_budget_bytes}
     )
     return {
         "apiVersion": API_VERSION, "kind": EMBEDDING_JOB_KIND,

@@ -4,7 +4,8 @@ import it without torch.
 
 - exit codes of `python -m kembed_trainer` (and of the launcher, kembed_trainer.launch, which passes the first
   failed rank's own code through instead of torchrun's blanket 1);
-- the environment a trainer reads (`KEMBED_REPORT_*`, `KEMBED_JOB_ID`, `KEMBED_TERMINATION_LOG`, `KEMBED_STORAGE_POLICY`);
+- the environment a trainer reads (`KEMBED_REPORT_*`, `KEMBED_JOB_ID`, `KEMBED_TERMINATION_LOG`, `KEMBED_STORAGE_POLICY`,
+  `KEMBED_STORAGE_BUDGET_BYTES`);
 - the termination log: where a failing trainer writes its one-line reason, so the job's message is that reason;
 - the names of the records rank 0 reports (JSON lines on stdout, POSTed to the API);
 - the checkpoint layout: `<uri>/step-N/`, counting only once its `COMPLETE` marker exists; a marker says whether
@@ -32,6 +33,7 @@ __all__ = [
     "ENV_REPORT_TOKEN",
     "ENV_REPORT_URL",
     "ENV_TERMINATION_LOG",
+    "ENV_STORAGE_BUDGET",
     "ENV_STORAGE_POLICY",
     "EVENT_CHECKPOINT",
     "EVENT_DONE",
@@ -40,8 +42,11 @@ __all__ = [
     "EVENT_STARTED",
     "EXIT_BAD_CONFIG",
     "EXIT_OK",
+    "EVAL_SCORE_CHUNK_BYTES",
     "EXPORT_FORMATS",
+    "EXIT_REASONS",
     "EXIT_STOPPED",
+    "EXIT_STORAGE_QUOTA",
     "MAX_TERMINATION_MESSAGE_BYTES",
     "OPTIMIZER_STATE_FLOATS",
     "TERMINATION_LOG_PATH",
@@ -54,6 +59,7 @@ __all__ = [
     "steps_needed",
     "step_dir",
     "step_of_dir",
+    "storage_budget",
     "write_termination_message",
 ]
 
@@ -62,7 +68,13 @@ EXIT_OK = 0
 # Bad input: the config does not validate, or the data does not fit it (a missing column, an id outside its
 # table, a file that is not there). Retrying cannot help; the reason is in the termination log.
 EXIT_BAD_CONFIG = 2
+# A checkpoint would have taken the tenant past its storage quota (ENV_STORAGE_BUDGET): that save was dropped, the
+# earlier checkpoints are intact. Permanent: a restart would only fail the same way until someone frees space.
+EXIT_STORAGE_QUOTA = 3
 EXIT_STOPPED = 128 + signal.SIGTERM  # 143: stopped by SIGTERM after saving a checkpoint (resumes from it)
+# Permanent exits whose code alone names why: the job's reason (kembed_contract.lifecycle.judge); any other
+# permanent exit is TrainerExitedPermanently, with the termination log's line as its message.
+EXIT_REASONS = {EXIT_STORAGE_QUOTA: "StorageQuotaExceeded"}
 
 # ---- environment --------------------------------------------------------------------------------------------
 ENV_JOB_ID = "KEMBED_JOB_ID"  # the API's job id (log lines, process lookup after a server restart)
@@ -72,6 +84,15 @@ ENV_REPORT_TOKEN = "KEMBED_REPORT_TOKEN"  # the per-job bearer token for those P
 # unset: a trainer run by hand, not limited.
 ENV_STORAGE_POLICY = "KEMBED_STORAGE_POLICY"
 ENV_TERMINATION_LOG = "KEMBED_TERMINATION_LOG"  # a file: the first failing rank writes why; unset: nowhere
+# Bytes the job's checkpoint folder may hold once a save has landed and the older steps it replaces are pruned:
+# the tenant's storage quota less what the tenant keeps elsewhere, counted by the API at launch. Unset: no limit.
+ENV_STORAGE_BUDGET = "KEMBED_STORAGE_BUDGET_BYTES"
+
+
+def storage_budget(environ: Mapping[str, str] | None = None) -> int | None:
+    """The job's storage budget in bytes (`ENV_STORAGE_BUDGET`); None when unset (unlimited)."""
+    value = (os.environ if environ is None else environ).get(ENV_STORAGE_BUDGET)
+    return None if value in (None, "") else max(0, int(value))
 
 # ---- termination log ----------------------------------------------------------------------------------------
 TERMINATION_LOG_PATH = "/dev/termination-log"  # Kubernetes' terminationMessagePath: the kubelet reads it
@@ -197,6 +218,12 @@ def steps_needed(steps: Iterable[int], markers: Mapping[int, CheckpointMarker]) 
 
 # ---- exports: format -> file suffix (kembed_trainer.export writes them; the API and the CLI offer them) --------
 EXPORT_FORMATS = {"parquet": ".parquet", "word2vec-text": ".txt", "word2vec-binary": ".bin", "numpy": ".npy"}
+
+# ---- evaluation's working memory (kembed_trainer.metrics; the API's memory estimate counts it) --------------
+# The most an evaluation holds of a queries x candidates score matrix at once (recall@k's positives x items,
+# word2vec's analogy questions x vocabulary), in bytes of float32 scores; the whole matrix at 200,000 items would
+# be tens of GB.
+EVAL_SCORE_CHUNK_BYTES = 64 * 2**20
 
 # ---- sparse-optimizer state, in floats per embedding element ------------------------------------------------
 # adagrad keeps one accumulator per element, row-wise adagrad one per row, adam two moments per element.

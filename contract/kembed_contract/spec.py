@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kembed_contract.trainer_config import NumbersOnly, TrainerConfig
 
 __all__ = [
+    "MAX_RUN_SECONDS",
+    "MIN_CPU_PER_NODE",
+    "MIN_MEMORY_PER_NODE",
     "JobSpec",
     "read_stored",
     "QUANTITY_PATTERN",
@@ -50,6 +53,15 @@ LabelKey = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z
 LabelValue = Annotated[str, Field(max_length=256, pattern=_TEXT)]
 
 
+# The least a node may ask for. Kubernetes keeps CPU in millicores, so less than 0.001 core is rendered "0m" (no
+# request at all, unbounded by the namespace's quota); 10m is the least a trainer can start on without timing out.
+# No trainer process starts in less than 64Mi either: below it, a request only fails later and less clearly.
+MIN_CPU_PER_NODE = 0.01
+MIN_MEMORY_PER_NODE = "64Mi"
+# A job's own time limit: a year at most (a tenant's quota.max_run_seconds may bound it further).
+MAX_RUN_SECONDS = 366 * 24 * 3600
+
+
 class Resources(BaseModel):
     """What one job asks for; admission is all-or-nothing over nodes x these."""
 
@@ -63,16 +75,16 @@ class Resources(BaseModel):
         description="Trainer processes (ranks) per node. Defaults to gpus_per_node, or 1 without GPUs.",
     )
     gpus_per_node: Annotated[int, NumbersOnly] = Field(0, ge=0, le=16, description="nvidia.com/gpu per node.")
-    cpu_per_node: float = Field(1.0, strict=True, gt=0, le=512, allow_inf_nan=False,
-                                description="CPU cores requested per node.")
+    cpu_per_node: float = Field(1.0, strict=True, ge=MIN_CPU_PER_NODE, le=512, allow_inf_nan=False,
+                                description=f"CPU cores requested per node ({MIN_CPU_PER_NODE} = 10m at least).")
     memory_per_node: str = Field("2Gi", max_length=32, pattern=QUANTITY_PATTERN,
                                  description="Memory per node as a Kubernetes quantity, e.g. 16Gi.")
 
     @field_validator("memory_per_node")
     @classmethod
     def _memory_is_quantity(cls, value: str) -> str:
-        if not 0 < parse_quantity(value) <= 2**50:
-            raise ValueError("must be more than zero and at most 1Pi")
+        if not parse_quantity(MIN_MEMORY_PER_NODE) <= parse_quantity(value) <= 2**50:
+            raise ValueError(f"must be at least {MIN_MEMORY_PER_NODE} and at most 1Pi")
         return value
 
     @model_validator(mode="after")
@@ -128,6 +140,11 @@ class JobSpec(BaseModel):
     max_restarts: Annotated[int, NumbersOnly] = Field(
         2, ge=0, le=100, description="Gang restarts from the last checkpoint after a retryable failure."
     )
+    max_run_seconds: Annotated[int, NumbersOnly] | None = Field(
+        None, ge=1, le=MAX_RUN_SECONDS,
+        description="Stop the job after this many seconds of running (time queued does not count; a preempted "
+        "job's earlier runs do), and fail it with reason DeadlineExceeded; it saves a checkpoint first, as on "
+        "cancel. Unset: the tenant's quota.max_run_seconds, if any; set: at most that.")
     image: str | None = Field(
         None, min_length=1, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$",
         description="Trainer image reference, e.g. registry.example.com/kembed-trainer:1.2 (Kubernetes backend); "

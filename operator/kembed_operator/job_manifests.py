@@ -131,6 +131,8 @@ def _env(name: str, spec: resources.EmbeddingJobSpec, settings: OperatorSettings
     ]
     if spec.report_url:
         env.append({"name": runtime.ENV_REPORT_URL, "value": spec.report_url})
+    if spec.storage_budget_bytes is not None:
+        env.append({"name": runtime.ENV_STORAGE_BUDGET, "value": str(spec.storage_budget_bytes)})
     if spec.report_token_secret:
         env.append({"name": runtime.ENV_REPORT_TOKEN, "valueFrom": {"secretKeyRef": {
             "name": spec.report_token_secret, "key": "token", "optional": True}}})

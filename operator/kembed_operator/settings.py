@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kembed_platform.tenant_credentials import MintingSettings
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from kembed_platform.tenant_credentials import MintingSettings
 
 __all__ = ["OperatorSettings"]
 

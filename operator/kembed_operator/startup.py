@@ -7,7 +7,6 @@ import random
 from typing import Any
 
 import kopf
-from kembed_platform.tenant_credentials import TenantCredentials
 from kubernetes.client.rest import ApiException
 
 from kembed_contract import resources
@@ -16,6 +15,7 @@ from kembed_operator.kube import Kube, is_conflict
 from kembed_operator.observed import Observed
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import JOB_LABEL
+from kembed_platform.tenant_credentials import TenantCredentials
 
 _PREFIX = "kembed.io"
 

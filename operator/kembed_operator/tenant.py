@@ -16,7 +16,6 @@ from typing import Any
 import kopf
 import pydantic
 from botocore.exceptions import BotoCoreError, ClientError
-from kembed_platform.tenant_credentials import TenantCredentials
 
 from kembed_contract import resources
 from kembed_contract.lifecycle import TERMINAL_STATES
@@ -25,6 +24,7 @@ from kembed_operator import tenant_manifests
 from kembed_operator.conditions import set_condition
 from kembed_operator.kube import Kube
 from kembed_operator.settings import OperatorSettings
+from kembed_platform.tenant_credentials import TenantCredentials
 
 TENANTS = (resources.GROUP, resources.VERSION, resources.TENANT_PLURAL)
 _TERMINAL = {s.value for s in TERMINAL_STATES}

@@ -5,12 +5,11 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from kembed_platform.tenant_credentials import S3Credentials
-
 from kembed_contract import resources
 from kembed_contract.quota import cpu_quantity
 from kembed_operator.job_manifests import S3_SECRET, TENANT_LABEL
 from kembed_operator.settings import OperatorSettings
+from kembed_platform.tenant_credentials import S3Credentials
 
 __all__ = ["MINTED_KEY_ANNOTATION", "ROTATION_ANNOTATION", "limit_range", "minted_s3_secret", "namespace",
            "network_policy", "quota", "s3_secret", "trainer_service_account"]

@@ -83,6 +83,9 @@ class FakeBackend:
     def read_logs(self, job_id: str, *, tail_lines: int | None = None) -> str:
         return ""
 
+    def log_bytes(self, job_id: str) -> int:
+        return 0
+
     def shutdown(self) -> None:
         pass
 

@@ -375,3 +375,83 @@ def test_a_forecast_places_every_queued_job_and_estimates_only_what_can_be_known
     # two trainer processes fit at once (one each): the first two start now; the others wait for jobs nobody
     # can say when will end
     assert [start is not None for _, start in placed] == [True, True, False, False, False]
+
+
+def test_a_job_past_its_time_limit_is_stopped_and_fails_counting_only_time_running(db, backend):
+    """max_run_seconds counts time running over all of a job's admissions, not time queued; past it the job is
+    stopped (it saves, as on cancel) and fails with DeadlineExceeded. A tenant's quota.max_run_seconds is the
+    default of its jobs that set none."""
+    from datetime import UTC, datetime, timedelta
+
+    start = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
+    now = [start]
+    dispatcher = Dispatcher(db=db, backend=backend, public_url="http://127.0.0.1:1", clock=lambda: now[0])
+
+    def at(seconds: float) -> None:
+        now[0] = start + timedelta(seconds=seconds)
+        dispatcher.run_once()
+
+    builder = make_spec("limited")
+    builder.spec["max_run_seconds"] = 100
+    job_id = submit(db, builder)
+    at(0)
+    at(60)
+    assert state_of(db, job_id)[0] is JobState.RUNNING and backend.stopped == []
+
+    # Preempted and back in the queue for 1000 s: that wait does not count.
+    dispatcher.admission_paused = True
+    backend.observe(job_id, JobState.QUEUED, reason="Stopped")
+    at(70)
+    assert state_of(db, job_id)[0] is JobState.QUEUED
+    dispatcher.admission_paused = False
+    at(1070)  # admitted and started again: 70 s used so far
+    at(1099)
+    assert state_of(db, job_id)[0] is JobState.RUNNING and backend.stopped == []
+    at(1101)  # 101 s running
+    assert backend.stopped == [job_id]
+    assert state_of(db, job_id)[0] is JobState.RUNNING  # still writing its checkpoint
+    backend.finish(job_id, succeeded=False, retryable=True)  # exited 143 after saving
+    at(1102)
+    assert state_of(db, job_id) == (JobState.FAILED, "DeadlineExceeded")
+    with db.session() as session:
+        message = session.query(Job).filter_by(id=job_id).one().message
+    assert "past its time limit of 100 s (max_run_seconds)" in message
+
+    with db.session() as session:
+        ensure_tenant(session, name="default").quota_max_run_seconds = 50
+    defaulted = submit(db, make_spec("defaulted"))
+    at(2000)
+    at(2049)
+    assert defaulted not in backend.stopped
+    at(2050)
+    assert backend.stopped[-1] == defaulted
+    backend.finish(defaulted, succeeded=False, retryable=True)
+    at(2051)
+    assert state_of(db, defaulted) == (JobState.FAILED, "DeadlineExceeded")
+
+
+def test_a_job_launched_with_no_storage_left_fails_at_once_and_one_with_some_is_told_its_budget(db, backend,
+                                                                                               dispatcher):
+    """The budget a trainer gets is the tenant's storage quota less what it keeps besides that job's own folder;
+    with nothing left the job fails StorageQuotaExceeded before it starts (a tenant already over at submission
+    is refused there)."""
+    from kembed_api import storage_use
+
+    room = submit(db, make_spec("room"))
+    full = submit(db, make_spec("full"))
+    with db.session() as session:
+        tenant = ensure_tenant(session, name="default")
+        tenant.quota_storage_bytes = 1000
+        other = session.query(Job).filter_by(id=full).one()
+        storage_use.record_job_bytes(session, other, checkpoint_bytes=300, log_bytes=100)  # as if reported
+    dispatcher.run_once()
+    assert [(launch.job_id, launch.storage_budget_bytes) for launch in backend.started][0] == (room, 600)
+    with db.session() as session:
+        assert ensure_tenant(session, name="default").stored_bytes == 400
+
+    late = submit(db, make_spec("late"))
+    with db.session() as session:
+        storage_use.record_job_bytes(session, session.query(Job).filter_by(id=room).one(), checkpoint_bytes=700)
+    dispatcher.run_once()
+    assert state_of(db, late) == (JobState.FAILED, "StorageQuotaExceeded")
+    assert late not in backend.started_ids()

@@ -88,3 +88,30 @@ def test_a_spec_with_only_data_and_kind_is_stored_and_estimated_with_its_kinds_d
     assert table_memory_bytes_per_rank(trainer) == 2 * 50_000 * 100 * 4  # SGD keeps no state
     bigger = JobSpec.model_validate({**spec, "trainer": {**spec["trainer"], "training": {"batch_size": 100_000}}})
     assert memory_per_rank(bigger.trainer).total > memory_per_rank(trainer).total  # the batch counts, as given
+
+
+def test_the_memory_estimate_counts_what_evaluation_holds():
+    """Recall@k scores a chunk of positives at a time (runtime.EVAL_SCORE_CHUNK_BYTES): the estimate counts that
+    chunk and what the held-out set's encodings take on every rank, growing with eval_samples, not with its
+    square."""
+    import yaml
+
+    from kembed_api.estimates import memory_per_rank
+    from kembed_contract import runtime
+    from tests.builders import REPO
+
+    trainer = yaml.safe_load((REPO / "trainer_image/examples/two-tower-retrieval.yaml").read_text())
+    trainer.pop("data")  # synthetic data instead, whose held-out size the spec states (and steps, not epochs)
+    trainer["training"] = {**trainer["training"], "epochs": None, "steps": 100}
+
+    def eval_bytes(samples: int) -> int:
+        spec = make_spec("tt").build()
+        spec["trainer"] = {**trainer, "data": {"kind": "synthetic", "num_dense": 0, "eval_samples": samples}}
+        parsed = JobSpec.model_validate(spec).trainer
+        assert "recall_at_k" in parsed.eval_metrics
+        return memory_per_rank(parsed).eval
+
+    small, large = eval_bytes(1_000), eval_bytes(200_000)
+    assert small >= runtime.EVAL_SCORE_CHUNK_BYTES  # the chunk, however few the rows
+    assert 200 * (large - small) / (200_000 - 1_000) < 200 * 2**20  # linear in the rows: bytes per row, not rows
+    assert large > small + 199_000 * 2 * 4  # each row's encodings count

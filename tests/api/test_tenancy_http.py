@@ -141,9 +141,10 @@ def test_a_job_bigger_than_the_quota_is_refused_saying_why(api_client):
 
 def test_a_job_whose_tables_cannot_fit_its_memory_is_refused(api_client):
     spec = make_spec().build()
-    spec["resources"]["memory_per_node"] = "64Ki"  # the tiny tables need ~180 KiB
+    spec["resources"]["memory_per_node"] = "128Mi"  # above the floor (64Mi), below the 256 MiB runtime baseline
     response = api_client.post("/v1/jobs", json=spec)
     assert response.status_code == 422 and "resources.memory_per_node" in response.json()["detail"]
+    assert "the job needs about" in response.json()["detail"]
 
 
 def test_a_full_queue_is_429_and_keeps_what_was_queued(api_client, backend):

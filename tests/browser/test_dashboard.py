@@ -280,10 +280,12 @@ def test_a_platform_admin_edits_a_quota_in_place(server, make_team, open_browser
     assert server.client.usage(team.name)["quota"]["gpus"] == 4  # nothing half-stored
     gpus.fill("12")
     page.locator(f"#quota-{team.name}-memory").fill("64Gi")
+    page.locator(f"#quota-{team.name}-storage").fill("500Gi")
     page.get_by_role("button", name="Save quota").click()
     expect(row.locator('td[data-col="gpus"]')).to_contain_text("/ 12")
     quota = server.client.usage(team.name)["quota"]
     assert quota["gpus"] == 12 and quota["memory"] == "64Gi" and quota["max_running_jobs"] == 2
+    assert quota["storage"] == "500Gi" and quota["max_run_seconds"] is None
     # Sorting by a column reorders the rows and says so to assistive technology.
     page.get_by_role("button", name="GPUs used / quota").click()
     expect(page.locator('th[aria-sort="ascending"]')).to_contain_text("GPUs")

@@ -56,6 +56,8 @@ def _node(index: int, code: int | None, *, collateral: bool = False) -> lifecycl
     pytest.param([_node(0, 1, collateral=True)], True, "GangDisrupted", id="stopped-by-us-does-not-decide"),
     pytest.param([_node(0, 1), _node(1, 143, collateral=True)], False, "TrainerExitedPermanently",
                  id="collateral-sigterm-does-not-excuse-a-crash"),
+    pytest.param([_node(0, 3), _node(1, 143, collateral=True)], False, "StorageQuotaExceeded",
+                 id="over-the-storage-quota-names-its-reason"),
 ])
 def test_one_exit_code_policy(failures, retryable, reason):
     verdict = lifecycle.judge(failures)

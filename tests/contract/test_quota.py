@@ -17,7 +17,8 @@ from kembed_operator import tenant_manifests
 def test_every_dimension_of_the_model_is_a_column_of_the_type_it_is_stored_as():
     types = {Stored.COUNT: Integer, Stored.CORES: Float, Stored.BYTES: BigInteger}
     stored = QuotaSpec.stored()
-    assert set(stored) == {"gpus", "cpu", "memory_bytes", "max_running_jobs", "max_queued_jobs"}
+    assert set(stored) == {"gpus", "cpu", "memory_bytes", "max_running_jobs", "max_queued_jobs", "storage_bytes",
+                           "max_run_seconds"}
     quota_columns = {c.name: c for c in Tenant.__table__.columns if c.name.startswith("quota_")}
     assert set(quota_columns) == {f"quota_{amount}" for amount in stored}
     for amount, kind in stored.items():
@@ -42,6 +43,11 @@ def test_the_api_and_the_tenant_resource_use_the_model_itself():
     pytest.param({"memory": "5Ei"}, id="memory-above-4Ei"),
     pytest.param({"cpu": float("inf")}, id="infinite-cpu"),
     pytest.param({"disk": 1}, id="unknown-dimension"),
+    pytest.param({"storage": "lots"}, id="storage-not-a-quantity"),
+    pytest.param({"storage": "5Ei"}, id="storage-above-4Ei"),
+    pytest.param({"cpu": 1e-300}, id="cpu-below-a-millicore"),
+    pytest.param({"max_run_seconds": 0}, id="no-run-time"),
+    pytest.param({"max_run_seconds": 10**9}, id="run-time-above-a-year"),
 ])
 def test_the_api_and_the_tenant_resource_refuse_the_same_quotas(bad):
     with pytest.raises(pydantic.ValidationError):
@@ -51,9 +57,10 @@ def test_the_api_and_the_tenant_resource_refuse_the_same_quotas(bad):
 
 
 def test_amounts_round_trip_through_the_columns():
-    quota = QuotaSpec(gpus=8, cpu=12.5, memory="96Gi", max_running_jobs=3, max_queued_jobs=50)
+    quota = QuotaSpec(gpus=8, cpu=12.5, memory="96Gi", max_running_jobs=3, max_queued_jobs=50, storage="2Gi",
+                      max_run_seconds=3600)
     assert quota.amounts() == {"gpus": 8, "cpu": 12.5, "memory_bytes": 96 * 2**30, "max_running_jobs": 3,
-                               "max_queued_jobs": 50}
+                               "max_queued_jobs": 50, "storage_bytes": 2 * 2**30, "max_run_seconds": 3600}
     assert QuotaSpec.from_amounts(quota.amounts()) == quota
     assert QuotaSpec.from_amounts({}) == QuotaSpec()  # nothing set: unlimited
 
@@ -69,3 +76,18 @@ def test_in_a_cohort_the_namespace_quota_is_the_nominal_quota_plus_the_borrowing
     assert tenant_manifests.quota("a", shared)["spec"]["hard"] == {
         "requests.nvidia.com/gpu": "12", "requests.cpu": "16.5", "limits.cpu": "16.5"}
     assert tenant_manifests.quota("a", resources.TenantSpec())["spec"]["hard"] == {}  # unlimited
+
+
+def test_a_patch_changes_only_the_fields_it_gives_and_an_explicit_null_clears_one():
+    quota = QuotaSpec(gpus=8, cpu=16, memory="64Gi", storage="1Ti", max_queued_jobs=100)
+    patched = quota.merged(QuotaSpec.model_validate({"gpus": 32}))
+    assert patched == QuotaSpec(gpus=32, cpu=16, memory="64Gi", storage="1Ti", max_queued_jobs=100)
+    cleared = quota.merged(QuotaSpec.model_validate({"storage": None, "cpu": 4}))
+    assert cleared == QuotaSpec(gpus=8, cpu=4, memory="64Gi", max_queued_jobs=100)
+    assert quota.merged(QuotaSpec()) == quota  # an empty patch changes nothing
+
+
+def test_every_dimension_has_a_bound_for_sums():
+    """plus() caps each sum at its dimension's bound: a new dimension without one would fail there."""
+    big = QuotaSpec.from_amounts({name: 2**61 if name.endswith("_bytes") else 10**6 for name in QuotaSpec.stored()})
+    assert big.plus(big).amounts()["storage_bytes"] == 2**62

@@ -94,6 +94,12 @@ def test_platform_admins_manage_tenants_and_tokens_from_the_cli(server):
 
     created = kembed("tenants", "create", "ads", "--gpus", "16", "--max-running-jobs", "2")
     assert created.returncode == 0 and "gpus=16" in created.stdout, created.stdout
+    changed = kembed("tenants", "set-quota", "ads", "--limit", "storage=2Ti", "--limit", "max_run_seconds=3600")
+    assert changed.returncode == 0, changed.stdout
+    quota = server.client.tenant("ads")["quota"]
+    assert (quota["storage"], quota["max_run_seconds"], quota["gpus"]) == ("2048Gi", 3600, 16)  # the rest kept
+    refused = kembed("tenants", "set-quota", "ads", "--limit", "disk=1")
+    assert refused.returncode == 1 and "quota.disk" in refused.stdout
     minted = kembed("tokens", "create", "ads", "--name", "ci", "--role", "viewer")
     secret = minted.stdout.strip().splitlines()[-1]
     assert secret.startswith("kmb_")

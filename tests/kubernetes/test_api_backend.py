@@ -130,3 +130,26 @@ def test_the_api_quota_admits_no_more_than_it_allows(platform, api):
     wait_state(url, token, ids[1], "RUNNING")  # the freed quota admits the next job
     httpx.post(f"{url}/v1/jobs/{ids[1]}/cancel", headers=token)
     wait_state(url, token, ids[1], "CANCELLED")
+
+
+def test_the_storage_budget_reaches_the_trainers_and_the_time_limit_fails_the_job(platform, api_server, api):
+    """On Kubernetes as locally: the tenant's storage budget is in the EmbeddingJob (and so its pods' environment),
+    and a job past its max_run_seconds is stopped through the cluster and fails DeadlineExceeded."""
+    from kembed_contract import runtime
+
+    url, token, tenant = api
+    _, admin = api_server
+    assert httpx.patch(f"{url}/v1/tenants/{tenant}", headers=admin,
+                       json={"quota": {"storage": "1Gi"}}).status_code == 200
+    spec = gpu_job("deadline", **harness.RUN_FOREVER)
+    spec["max_run_seconds"] = 15
+    job = httpx.post(f"{url}/v1/jobs", json=spec, headers=token).json()
+    wait_state(url, token, job["id"], "RUNNING")
+    namespace = resources.tenant_namespace(tenant)
+    assert harness.read_job(platform, namespace, job["id"])["spec"]["storage_budget_bytes"] == 2**30
+    pods = harness.job_pods(platform, namespace, job["id"])
+    env = {e.name: e.value for e in pods[0].spec.containers[0].env}
+    assert env[runtime.ENV_STORAGE_BUDGET] == str(2**30)
+    done = wait_state(url, token, job["id"], "CANCELLED", "FAILED", "SUCCEEDED")
+    assert (done["state"], done["reason"]) == ("FAILED", "DeadlineExceeded"), done
+    assert harness.read_job(platform, namespace, job["id"])["spec"]["cancel"] is True

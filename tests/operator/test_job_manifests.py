@@ -75,3 +75,18 @@ def test_a_config_too_large_for_annotations_goes_into_a_config_map():
     assert json.loads(config_map["data"][job_manifests.CONFIG_FILE])["checkpoint"]["uri"] == CHECKPOINTS
     assert _volume(job, "config")["configMap"] == {"name": "demo"}
     assert "annotations" not in job["spec"]["template"]["metadata"]
+
+
+def test_the_trainers_are_told_their_storage_budget_when_the_api_gives_one():
+    from kembed_contract import runtime
+
+    def env_of(manifest: dict) -> dict:
+        spec = resources.EmbeddingJobSpec.model_validate(manifest["spec"])
+        files = job_manifests.trainer_files(spec, default_checkpoint_uri=CHECKPOINTS)
+        job = job_manifests.batch_job(*ARGS, spec, attempt=0, settings=OperatorSettings(), files=files)
+        return {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    spec = _spec(operator_job("one")).job_spec()
+    budgeted = resources.embedding_job_manifest("demo", "acme", spec, storage_budget_bytes=5 * 2**30)
+    assert env_of(budgeted)[runtime.ENV_STORAGE_BUDGET] == str(5 * 2**30)
+    assert runtime.ENV_STORAGE_BUDGET not in env_of(resources.embedding_job_manifest("demo", "acme", spec))

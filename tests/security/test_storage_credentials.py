@@ -20,7 +20,6 @@ from collections.abc import Iterator
 import botocore.exceptions
 import pytest
 import yaml
-from kembed_platform.tenant_credentials import PLATFORM_CREDENTIAL_VARS, TenantCredentials, trainer_environ
 
 from kembed_api.backends.base import Launch
 from kembed_api.backends.local import LocalBackend
@@ -28,6 +27,7 @@ from kembed_api.storage import PlatformStorage
 from kembed_contract.quota import QuotaSpec, SharingSpec
 from kembed_contract.spec import JobSpec
 from kembed_contract.storage_policy import POLICY_ENV, StoragePolicy
+from kembed_platform.tenant_credentials import PLATFORM_CREDENTIAL_VARS, TenantCredentials, trainer_environ
 from tests.builders import make_spec
 from tests.fixtures.iam_s3 import IamS3Server, run_iam_s3
 from tests.trainer.conftest import records

@@ -4,10 +4,10 @@ grants, listing narrowed to them, denied places inside a grant denied, nothing I
 from __future__ import annotations
 
 import pytest
-from kembed_platform.iam_policy import s3_policy_document
 
 from kembed_api.storage import PlatformStorage
 from kembed_contract.storage_policy import StoragePolicy
+from kembed_platform.iam_policy import s3_policy_document
 
 PLATFORM = PlatformStorage(checkpoint_root="s3://ckpt/kembed")
 

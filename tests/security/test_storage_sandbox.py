@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from kembed_platform import sandbox
 
 from kembed_api.backends.base import Launch
 from kembed_api.backends.local import LocalBackend
 from kembed_contract.spec import JobSpec
 from kembed_contract.storage_policy import StoragePolicy
+from kembed_platform import sandbox
 from tests.builders import make_spec
 from tests.security.storage_layout import SECRET, make_layout
 

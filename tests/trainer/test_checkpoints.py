@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import pathlib
 import subprocess
@@ -233,3 +234,37 @@ def test_a_checkpoint_killed_mid_save_is_never_loaded(tmp_path, ckpt_uri):
     assert code == 0, stderr
     assert recs[0]["resumed_from"] == f"{ckpt_uri}/step-10"
     assert recs[-1]["checkpoint"] == f"{ckpt_uri}/step-30"
+
+
+def test_a_save_past_the_storage_budget_is_dropped_and_keep_k_counts(tmp_path):
+    """A job told its storage budget (runtime.ENV_STORAGE_BUDGET) never marks a save that would pass it: it removes
+    that save's files, keeps its earlier checkpoints, and exits EXIT_STORAGE_QUOTA with the reason; pruning to
+    `keep` counts, so a job that keeps few checkpoints runs on within the same budget."""
+    from kembed_contract import runtime
+
+    unlimited = tiny_config(checkpoint={"uri": f"file://{tmp_path}/free", "every_steps": 1, "keep": 100},
+                            training={"steps": 3})
+    code, recs, stderr = run_trainer(write_config(tmp_path / "free.yaml", unlimited))
+    assert code == 0, stderr
+    saves = [r for r in recs if r["event"] == "checkpoint"]
+    assert [r["stored_bytes"] for r in saves] == list(itertools.accumulate(r["num_bytes"] for r in saves))
+    budget = str(int(saves[0]["num_bytes"] * 2.5))  # two checkpoints fit, a third does not
+
+    capped = tiny_config(checkpoint={"uri": f"file://{tmp_path}/capped", "every_steps": 1, "keep": 100},
+                         training={"steps": 10})
+    reason = tmp_path / "termination-log"
+    code, recs, stderr = run_trainer(write_config(tmp_path / "capped.yaml", capped),
+                                     **{runtime.ENV_STORAGE_BUDGET: budget, runtime.ENV_TERMINATION_LOG: str(reason)})
+    assert code == runtime.EXIT_STORAGE_QUOTA, stderr
+    message = reason.read_text()
+    assert "checkpoint step 3 not saved" in message and f"over the {budget} bytes" in message
+    assert sorted(p.name for p in (tmp_path / "capped").iterdir()) == ["step-1", "step-2"]  # step 3's files gone
+    for step in (1, 2):
+        assert (tmp_path / "capped" / f"step-{step}" / runtime.CHECKPOINT_MARKER).exists()
+
+    pruned = tiny_config(checkpoint={"uri": f"file://{tmp_path}/pruned", "every_steps": 1, "keep": 2},
+                         training={"steps": 6})
+    code, recs, stderr = run_trainer(write_config(tmp_path / "pruned.yaml", pruned),
+                                     **{runtime.ENV_STORAGE_BUDGET: budget})
+    assert code == 0, stderr
+    assert sorted(p.name for p in (tmp_path / "pruned").iterdir()) == ["step-5", "step-6"]

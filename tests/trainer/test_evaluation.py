@@ -57,6 +57,23 @@ def test_recall_at_k_ranks_each_positive_among_the_held_out_items():
     assert metrics.recall_at_k(user, item_of_row, torch.tensor([0, 0, 0, -1.0]), labels, k=1) == 1.0  # bias
 
 
+@pytest.mark.parametrize("chunk_bytes", [pytest.param(4, id="one-positive-at-a-time"),
+                                         pytest.param(4 * 300 * 7, id="seven-positives-at-a-time")])
+def test_recall_at_k_in_chunks_is_the_recall_of_the_whole_matrix(chunk_bytes):
+    """Scoring positives a chunk at a time (bounded memory) gives exactly the answer of one whole score matrix."""
+    generator = torch.Generator().manual_seed(7)
+    rows, width, num_items = 500, 8, 300
+    items = torch.randn(num_items, width, generator=generator)
+    which = torch.randint(num_items, (rows,), generator=generator)
+    user = torch.randn(rows, width, generator=generator)
+    bias = torch.randn(num_items, generator=generator)[which]
+    labels = (torch.rand(rows, generator=generator) < 0.6).float()
+    for k in (1, 10, 50):
+        whole = metrics.recall_at_k(user, items[which], bias, labels, k, chunk_bytes=2**40)
+        assert metrics.recall_at_k(user, items[which], bias, labels, k, chunk_bytes=chunk_bytes) == whole
+        assert 0 < whole < 1
+
+
 def test_analogies_and_neighbours_from_word_vectors(tmp_path: pathlib.Path):
     vocab = ["king", "queen", "man", "woman", "apple", "pear"]
     vectors = torch.tensor([[1.0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 0.1], [0, 0, 1, 0.1], [0, 0, 0, 1], [0, 0, 0.1, 1]])

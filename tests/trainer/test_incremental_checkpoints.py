@@ -82,10 +82,10 @@ elif PHASE == "during":  # the side files and part of DCP's written, no marker
     checkpoint.StepWriter = StuckWriter
 elif PHASE == "after":  # the marker written, nothing pruned or reported yet
     prune = checkpoint.Checkpointer._prune
-    def stuck_prune(self):
+    def stuck_prune(self, *args):
         if self._chain[-1].step == STEP:
             hang()
-        return prune(self)
+        return prune(self, *args)
     checkpoint.Checkpointer._prune = stuck_prune
 sys.exit(__main__.main(["--config", sys.argv[1]]))
 """

@@ -1,8 +1,9 @@
 """`python -m kembed_trainer --config PATH_OR_URI`, alone or under torchrun.
 
 Exit codes (kembed_contract.runtime): 0 done; 2 bad input, the config or the data (one line naming the field or
-the column, also written to the termination log), a URI outside the storage policy included; 143 stopped by
-SIGTERM after a checkpoint.
+the column, also written to the termination log), a URI outside the storage policy included; 3 a checkpoint
+would have passed the tenant's storage quota (the reason in the termination log); 143 stopped by SIGTERM after a
+checkpoint.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         return _bad_input(f"config error: {exc}".splitlines()[0])
 
     # Heavy imports only after the config is known to be good, so a typo fails in milliseconds.
-    from kembed_trainer import dist, report, train
+    from kembed_trainer import checkpoint, dist, report, train
 
     env = dist.setup(cfg.distributed.backend, cfg.training.threads, cpu_only=cfg.model.kind == "word2vec")
     reporter = report.Reporter.from_env(enabled=env.is_main)
@@ -64,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         return _bad_input(f"storage error: {exc}".splitlines()[0])
     except _BAD_DATA as exc:
         return _bad_input(f"data error: {exc}".splitlines()[0])
+    except checkpoint.StorageQuotaExceeded as exc:
+        message = f"storage quota exceeded: {exc}"
+        print(message, file=sys.stderr, flush=True)
+        runtime.write_termination_message(message)
+        return runtime.EXIT_STORAGE_QUOTA
     except Exception as exc:
         # A crash keeps its traceback (and exit 1), but the job's message is its one line, not the launcher's.
         runtime.write_termination_message(f"{type(exc).__name__}: {exc}".splitlines()[0])

@@ -19,6 +19,12 @@ would otherwise wait on.
 Every folder is checked against the storage policy (kembed_trainer.storage) just before it is listed, written,
 loaded or deleted, as its real path: a step folder that is a symlink to somewhere else is refused, not followed.
 
+Storage quota: with a budget (runtime.ENV_STORAGE_BUDGET), rank 0 counts, before it writes a save's marker, the
+bytes the folder will hold once that save counts and pruning is done (the steps keep-latest-K, the pinned best and
+their chains keep, sizes from their markers). Past the budget the save is not marked, its files are removed, and
+`StorageQuotaExceeded` is raised: the earlier checkpoints stay as they were. That count is also what a checkpoint
+record reports as the job's stored bytes (`SavedCheckpoint.stored_bytes`), which the API sums per tenant.
+
 Saves are asynchronous: `save` copies the state (training goes on changing the originals) and hands the copy
 to a background thread, which writes it over a process group of its own (so its collectives never interleave
 with training's). Training waits only for the copy, and for a previous save still in flight.
@@ -45,9 +51,13 @@ from kembed_trainer import delta
 from kembed_trainer.step_writer import RowRangePlanner, StepWriter
 from kembed_trainer.storage import Guard
 
-__all__ = ["Checkpointer", "SavedCheckpoint", "StepWriter"]
+__all__ = ["Checkpointer", "SavedCheckpoint", "StepWriter", "StorageQuotaExceeded"]
 
 _WHERE = "checkpoint.uri"
+
+
+class StorageQuotaExceeded(Exception):
+    """A save would have taken the job's folder past its storage budget; it was dropped (exit EXIT_STORAGE_QUOTA)."""
 
 
 @dataclass(frozen=True)
@@ -60,12 +70,15 @@ class SavedCheckpoint:
     kind: str = runtime.CHECKPOINT_FULL
     parent: int | None = None  # a delta's parent step
     waited_seconds: float = 0.0  # of blocked_seconds, the wait for an earlier save still in flight
+    stored_bytes: int | None = None  # what the job's folder holds after it and its pruning (rank 0)
 
 
 class Checkpointer:
     def __init__(self, uri: str, *, keep: int, is_main: bool, guard: Guard, incremental: bool = False,
-                 full_every: int = 8, max_chain_share: float = 0.5) -> None:
+                 full_every: int = 8, max_chain_share: float = 0.5, budget_bytes: int | None = None) -> None:
+        """`budget_bytes`: the most the folder may hold after a save and its pruning (None: no limit)."""
         self.guard = guard
+        self.budget_bytes = budget_bytes
         self.uri = guard.writable(uri, where=_WHERE)  # canonical: records always carry a full URI
         self.keep = keep
         self.incremental, self.full_every, self.max_chain_share = incremental, full_every, max_chain_share
@@ -205,10 +218,19 @@ class Checkpointer:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.save(staged, storage_writer=writer, planner=RowRangePlanner(), process_group=self._group)
         # dcp.save returns on rank 0 only after every rank's files are written and the metadata with them.
-        num_bytes = 0
+        num_bytes, stored_bytes = 0, None
         if self.is_main:
             num_bytes = writer.num_bytes + side_bytes
             marker = runtime.CheckpointMarker(step, kind, parent, num_bytes)
+            listed, markers = self._scan()  # the one listing of a save: to count, then to prune
+            markers[step] = marker
+            stored_bytes = self._stored_bytes(markers)
+            if self.budget_bytes is not None and stored_bytes > self.budget_bytes:
+                self.fs.rm(path, recursive=True)  # never marked, so never loaded: an unfinished save's cost
+                raise StorageQuotaExceeded(
+                    f"checkpoint step {step} not saved: the job's checkpoints would take {stored_bytes} bytes, "
+                    f"over the {self.budget_bytes} bytes the tenant's storage quota leaves it (quota.storage); "
+                    f"the earlier checkpoints are kept")
             self.fs.pipe_file(f"{path}/{runtime.CHECKPOINT_MARKER}", marker.to_bytes())
             self._read_markers[step] = marker
         else:
@@ -216,9 +238,10 @@ class Checkpointer:
         landed = time.perf_counter() - start  # the save is complete; pruning is housekeeping after it
         self._chain = [*self._chain, marker] if kind == runtime.CHECKPOINT_DELTA else [marker]
         if self.is_main:
-            self._prune()
+            self._prune((listed, markers))
         blocked, waited = stalled
-        return SavedCheckpoint(step, self.step_uri(step), num_bytes, landed, blocked, kind, parent, waited)
+        return SavedCheckpoint(step, self.step_uri(step), num_bytes, landed, blocked, kind, parent, waited,
+                               stored_bytes)
 
     def load_latest(self, state: dict[str, Any], *, optional: tuple[str, ...] = ()) -> int | None:
         """Load the newest step that restores into `state`; its step, or None if none exists.
@@ -274,16 +297,31 @@ class Checkpointer:
             return []
         return sorted((s for n in names if (s := runtime.step_of_dir(n)) is not None), reverse=True)
 
-    def _prune(self) -> None:
+    def _kept(self, markers: Mapping[int, runtime.CheckpointMarker]) -> tuple[list[int], set[int]]:
+        """The newest `keep` restorable steps, and every folder pruning keeps for them and the pinned one."""
+        kept = runtime.restorable_steps(markers)[: self.keep]
+        pinned = [self.pinned_step] if self.pinned_step is not None else []
+        return kept, runtime.steps_needed([*kept, *pinned], markers)
+
+    def _stored_bytes(self, markers: Mapping[int, runtime.CheckpointMarker]) -> int:
+        """The bytes of the folders pruning keeps of these complete ones (a marker without a size, from an older
+        trainer, is measured)."""
+        _, needed = self._kept(markers)
+        total = 0
+        for step in needed:
+            size = markers[step].num_bytes
+            total += size if size is not None else self.fs.du(self._checked_step(step, write=False))
+        return total
+
+    def _prune(self, scanned: tuple[list[int], Mapping[int, runtime.CheckpointMarker]] | None = None) -> None:
         """Keep the newest `keep` restorable steps, the pinned one (the best) and the chains they need; drop
         every older folder, complete or partial, and any complete delta whose chain is broken, newest first (a
-        delta before its base). A partial folder newer than them all is left: it may be a save to come."""
-        listed, markers = self._scan()
-        kept = runtime.restorable_steps(markers)[: self.keep]
+        delta before its base). A partial folder newer than them all is left: it may be a save to come.
+        `scanned`: the folders and complete ones, as `_scan` found them and the save just marked (None: scan)."""
+        listed, markers = scanned or self._scan()
+        kept, needed = self._kept(markers)
         if not kept:
             return
-        pinned = [self.pinned_step] if self.pinned_step is not None else []
-        needed = runtime.steps_needed([*kept, *pinned], markers)
         for step in listed:
             if step not in needed and (step < kept[0] or step in markers):
                 path = self._checked_step(step, write=True)

@@ -91,7 +91,7 @@ class Trainer:
             checkpoint.Checkpointer(
                 cfg.checkpoint.uri, keep=cfg.checkpoint.keep, is_main=env.is_main, guard=guard,
                 incremental=cfg.checkpoint.incremental, full_every=cfg.checkpoint.full_every,
-                max_chain_share=cfg.checkpoint.max_chain_share,
+                max_chain_share=cfg.checkpoint.max_chain_share, budget_bytes=runtime.storage_budget(),
             )
             if cfg.checkpoint.uri
             else None
@@ -318,6 +318,7 @@ class Trainer:
                 waited_seconds=round(saved.waited_seconds, 3),
                 kind=saved.kind,
                 parent_step=saved.parent,
+                stored_bytes=saved.stored_bytes,
             )
 
     # ------------------------------------------------------------------------------------------- helpers

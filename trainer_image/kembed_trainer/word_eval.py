@@ -5,11 +5,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kembed_trainer import metrics
 from kembed_trainer.storage import Guard
 
 __all__ = ["WordEval"]
-
-_QUESTION_CHUNK = 1024
 
 
 class WordEval:
@@ -47,7 +46,8 @@ class WordEval:
             out["neighbours"] = near
         if self.num_questions:
             correct = 0
-            for chunk in torch.split(self.questions, _QUESTION_CHUNK):
+            # Questions x vocabulary scores, a chunk of questions at a time (runtime.EVAL_SCORE_CHUNK_BYTES).
+            for chunk in torch.split(self.questions, metrics.rows_per_chunk(len(unit))):
                 a, b, c, d = chunk.unbind(1)
                 scores = (unit[b] - unit[a] + unit[c]) @ unit.T
                 for col in (a, b, c):  # the question's own words are never the answer

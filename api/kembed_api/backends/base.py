@@ -31,6 +31,9 @@ class Launch:
     report_token: str
     # The tenant's effective storage policy, which the trainers enforce too (kembed_contract.storage_policy).
     storage_policy: StoragePolicy | None = None
+    # What the job's checkpoint folder may hold (kembed_api.storage_use.budget_bytes; runtime.ENV_STORAGE_BUDGET
+    # for its trainers); None: no storage quota.
+    storage_budget_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,9 @@ class Backend(Protocol):
 
     def read_logs(self, job_id: str, *, tail_lines: int | None = None) -> str:
         """The job's logs, oldest first."""
+
+    def log_bytes(self, job_id: str) -> int:
+        """Bytes of the job's logs this backend keeps (its tenant's storage); 0 where it keeps none."""
 
     def shutdown(self) -> None:
         """Stop every running gang (each writes its SIGTERM checkpoint) and wait for them, within the grace."""

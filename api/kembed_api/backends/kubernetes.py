@@ -153,6 +153,7 @@ class KubernetesBackend:
         manifest = resources.embedding_job_manifest(
             launch.job_id, launch.tenant, launch.spec, report_url=launch.report_url,
             report_token_secret=secret_name, labels={"app.kubernetes.io/managed-by": "kembed-api"},
+            storage_budget_bytes=launch.storage_budget_bytes,
         )
         try:
             created = self.custom.create_namespaced_custom_object(resources.GROUP, resources.VERSION, namespace,
@@ -164,7 +165,8 @@ class KubernetesBackend:
             # admitted again (its gang starts anew and resumes from its checkpoint).
             created = self.custom.patch_namespaced_custom_object(
                 resources.GROUP, resources.VERSION, namespace, resources.EMBEDDING_JOB_PLURAL, launch.job_id,
-                {"spec": {"suspend": False, "report_url": launch.report_url}})
+                {"spec": {"suspend": False, "report_url": launch.report_url,
+                          "storage_budget_bytes": launch.storage_budget_bytes}})
         self._remember(created)
         return {"namespace": namespace, "name": launch.job_id, "attempt": launch.attempt}
 
@@ -247,6 +249,9 @@ class KubernetesBackend:
 
     def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> bool:
         return False  # the job runs on in the cluster; the dispatcher simply follows it again
+
+    def log_bytes(self, job_id: str) -> int:
+        return 0  # pods' logs are the cluster's (its kubelets rotate them), not kept by kembed
 
     def read_logs(self, job_id: str, *, tail_lines: int | None = None) -> str:
         obj = self._job(job_id)

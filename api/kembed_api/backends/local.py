@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kembed_platform import sandbox as landlock
-from kembed_platform.tenant_credentials import S3Credentials, TenantCredentials, trainer_environ
 
 from kembed_api.admission import Quota
 from kembed_api.backends.base import Exit, Launch
@@ -32,6 +30,8 @@ from kembed_contract.quota import QuotaSpec, SharingSpec
 from kembed_contract.resources import TenantUsage
 from kembed_contract.spec import JobSpec
 from kembed_contract.storage_policy import POLICY_ENV, StoragePolicy
+from kembed_platform import sandbox as landlock
+from kembed_platform.tenant_credentials import S3Credentials, TenantCredentials, trainer_environ
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +193,8 @@ class LocalBackend:
         }
         if launch.storage_policy is not None:
             env[POLICY_ENV] = launch.storage_policy.to_json()
+        if launch.storage_budget_bytes is not None:
+            env[runtime.ENV_STORAGE_BUDGET] = str(launch.storage_budget_bytes)
         if self.credentials is not None:
             # Fail closed: with minting on, a job without a policy would get no key, never the platform's.
             policy = launch.storage_policy or StoragePolicy()
@@ -328,6 +330,10 @@ class LocalBackend:
                 lines = deque(f, maxlen=tail_lines) if tail_lines else f.readlines()
             parts.append("".join(lines))
         return "".join(parts)
+
+    def log_bytes(self, job_id: str) -> int:
+        """The job's log files' sizes (a stat each): its tenant's storage counts them."""
+        return sum(path.stat().st_size for path in self._log_dir(job_id).glob("node-*.log"))
 
     def shutdown(self) -> None:
         with self._lock:

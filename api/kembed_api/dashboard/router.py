@@ -23,6 +23,7 @@ from kembed_api.dashboard import service
 from kembed_api.dashboard.schemas import ClusterOverview, TeamOverview, UsageHistory
 from kembed_api.deps import Admin, Db, QueueForecasts, Reader
 from kembed_api.responses import ModelResponse
+from kembed_api.tenants.models import quota_columns
 
 __all__ = ["RecentAnswers", "router"]
 
@@ -77,8 +78,7 @@ async def team_overview(request: Request, db: Db, principal: Reader, forecasts: 
         return overview.model_dump_json().encode(), overview.model_dump_json(exclude={"generated_at"}).encode()
 
     # Keyed by the quota too: a quota changed through this replica shows at once.
-    key = (tenant.id, tenant.quota_gpus, tenant.quota_cpu, tenant.quota_memory_bytes, tenant.quota_max_running_jobs,
-           tenant.quota_max_queued_jobs)
+    key = (tenant.id, *quota_columns(tenant).values())
     body, etag = await request.app.state.overviews.get(key, compute)
     headers = {"ETag": etag, "Cache-Control": "private, no-cache"}
     if request.headers.get("if-none-match") == etag:

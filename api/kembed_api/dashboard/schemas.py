@@ -44,6 +44,7 @@ class TeamOverview(BaseModel):
     generated_at: datetime
     usage: Usage
     quota_memory_bytes: int | None = Field(description="usage.quota.memory in bytes (null = unlimited).")
+    quota_storage_bytes: int | None = Field(None, description="usage.quota.storage in bytes (null = unlimited).")
     queue: list[JobSummary] = Field(description="The head of the queue in admission order (at most `queue_limit`).")
     queue_limit: int
     running: list[JobSummary] = Field(description="Jobs holding quota now (admitted, running, restarting).")

@@ -83,7 +83,8 @@ def overview(session: Executor, *, tenant: Tenant, forecast: Callable[[], Foreca
     finished = [_summary(row, result=row.result) for row in session.execute(_FINISHED, params)]
     return TeamOverview(
         generated_at=now, usage=tenants.usage(session, tenant=tenant, now=now),
-        quota_memory_bytes=tenant.quota_memory_bytes, queue=queue, queue_limit=QUEUE_LIMIT,
+        quota_memory_bytes=tenant.quota_memory_bytes, quota_storage_bytes=tenant.quota_storage_bytes,
+        queue=queue, queue_limit=QUEUE_LIMIT,
         running=running, finished=finished, jobs_by_state=dict(session.execute(_BY_STATE, params).all()),
     )
 

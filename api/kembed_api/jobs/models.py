@@ -54,6 +54,14 @@ class Job(Base):
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     checkpoint_uri: Mapped[str | None] = mapped_column(Text, default=None)
     checkpoint_step: Mapped[int | None] = mapped_column(Integer, default=None)
+    # Storage the job takes (kembed_api.storage_use): its checkpoint folder after its latest save and pruning, as
+    # its trainer counted it; its logs on this server (local backend).
+    checkpoint_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    log_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Time spent running (against max_run_seconds): seconds of the admissions that ended, and when the current
+    # one's trainers first ran (NULL: not running). Restarts within an admission count; time queued does not.
+    run_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    running_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     # The training data's size as the trainer read it (rows, sentences, tokens, vocabulary); null until it starts.
     dataset: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from kembed_api import storage_use
 from kembed_api.auth.service import hash_secret
 from kembed_api.db import utcnow
 from kembed_api.jobs.models import Job, JobMetric
@@ -77,6 +78,9 @@ def apply_report(session: Session, *, job: Job, record: ReportRecord, now: datet
         job.metrics = {**job.metrics, **{f"eval_{k}": v for k, v in values.items()}}
     elif record.event == runtime.EVENT_CHECKPOINT and isinstance(values.get("uri"), str):
         _checkpoint_at(job, values["uri"], record.step)
+        stored = values.get("stored_bytes")
+        if isinstance(stored, int) and not isinstance(stored, bool) and 0 <= stored < 2**63:
+            storage_use.record_job_bytes(session, job, checkpoint_bytes=stored)
     elif record.event == runtime.EVENT_DONE:
         job.result = values.get("eval") if isinstance(values.get("eval"), dict) else {}
         if isinstance(values.get("checkpoint"), str):

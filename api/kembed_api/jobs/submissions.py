@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, bindparam, func, insert, literal, select, tuple_, union_all
 from sqlalchemy.orm import Session
 
-from kembed_api import estimates
+from kembed_api import estimates, storage_use
 from kembed_api.admission import Demand, never_fits
 from kembed_api.db import Executor, utcnow
 from kembed_api.jobs.errors import CannotRun, KeyReused, QueueFull
@@ -277,7 +277,7 @@ def _new_job(spec: JobSpec, *, tenant: Row, storage: PlatformStorage, now: datet
         cancel_requested=False, restart_count=0, created_at=now, admitted_at=None, started_at=None,
         finished_at=None, step=0, total_steps=spec.trainer.training.steps or 0, metrics={},
         checkpoint_uri=None, checkpoint_step=None, dataset=None, backend_state={}, report_token_hash=None,
-        report_seqs={},
+        report_seqs={}, checkpoint_bytes=0, log_bytes=0, run_seconds=0.0, running_since=None,
     ), spec=spec)
 
 
@@ -307,6 +307,12 @@ def _check_can_run(spec: JobSpec, *, tenant: Row) -> None:
     why = never_fits(ceiling_of(tenant), Demand.of(spec), ceiling=ceiling)
     if why:
         raise CannotRun(f"resources: {why}")
+    limit = tenant.quota_max_run_seconds
+    if limit is not None and spec.max_run_seconds is not None and spec.max_run_seconds > limit:
+        raise CannotRun(f"max_run_seconds: the tenant's jobs may run at most {limit} seconds "
+                        f"(quota.max_run_seconds); this job asks for {spec.max_run_seconds}")
+    if full := storage_use.over_quota(tenant):
+        raise CannotRun(full)
     estimate = estimates.memory_per_rank(spec.trainer, world_size=spec.resources.num_processes)
     ranks = spec.resources.procs_per_node or 1
     if estimate.total * ranks > spec.resources.memory_bytes_per_node:

@@ -14,7 +14,7 @@ from kembed_api.tenants.models import Tenant
 from kembed_contract import lifecycle
 from kembed_contract.lifecycle import TERMINAL_STATES, JobState
 
-__all__ = ["queue_changed", "requeue", "transition"]
+__all__ = ["queue_changed", "requeue", "run_seconds", "transition"]
 
 _TENANTS = Tenant.__table__
 # The tenant's queue bookkeeping (kembed_api.tenants.models.Tenant.queue_version, .queued_jobs). Core, not ORM:
@@ -35,6 +35,12 @@ def transition(
     if JobState.QUEUED in (current, state):  # left the queue, or back in it at its old place
         queue_changed(session, tenant_id=job.tenant_id, joined=1 if state is JobState.QUEUED else -1, moved=True)
     job.state, job.reason, job.message = state, reason, message
+    # Time running (max_run_seconds): from its trainers' first run in an admission until the job leaves it (done,
+    # or preempted back to the queue). Gang restarts within an admission count: the job holds its place.
+    if state is JobState.RUNNING and job.running_since is None:
+        job.running_since = now
+    elif state in TERMINAL_STATES or state is JobState.QUEUED:
+        job.run_seconds, job.running_since = run_seconds(job, now=now), None
     if state is JobState.ADMITTED:
         job.admitted_at = now
     elif state is JobState.RUNNING and job.started_at is None:
@@ -42,6 +48,12 @@ def transition(
     elif state in TERMINAL_STATES:
         job.finished_at = now
     session.add(JobEvent(job_seq=job.seq, time=now, state=state, reason=reason, message=message))
+
+
+def run_seconds(job: Job, *, now: datetime) -> float:
+    """Seconds the job has spent running, over all its admissions, until `now`."""
+    running = (now - job.running_since).total_seconds() if job.running_since is not None else 0.0
+    return (job.run_seconds or 0.0) + max(0.0, running)
 
 
 def requeue(session: Session, job: Job, *, now: datetime | None = None) -> None:

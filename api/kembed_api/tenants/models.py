@@ -57,3 +57,6 @@ class Tenant(_QuotaColumns, Base):
     queue_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # QUEUED jobs now (the usage endpoint's queue length).
     queued_jobs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Bytes the tenant keeps stored: the sum of its jobs' checkpoint_bytes and log_bytes, kept with them by
+    # kembed_api.storage_use.record_job_bytes (against quota.storage; a sum of its jobs would cost as many rows).
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")

@@ -60,7 +60,9 @@ def create_tenant(body: TenantCreate, request: Request, db: Db, _: Admin) -> Ten
     storage = request.app.state.storage
     try:
         with db.session(write=True) as session:
-            tenant = service.create_tenant(session, name=body.name, quota=body.quota, sharing=body.sharing,
+            # What the body leaves out of the quota comes from the platform's default quota (settings).
+            quota = request.app.state.settings.default_quota.merged(body.quota)
+            tenant = service.create_tenant(session, name=body.name, quota=quota, sharing=body.sharing,
                                            storage=storage, storage_spec=body.storage)
     except service.TenantExists as error:
         raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
@@ -110,8 +112,8 @@ def update_tenant(name: str, body: TenantUpdate, request: Request, db: Db, princ
     storage = request.app.state.storage
     with db.session(write=True) as session:
         tenant = _tenant_for(principal, session, name)
-        if body.quota is not None:
-            service.set_quota(tenant, body.quota)
+        if body.quota is not None:  # merge: only the fields given change
+            service.set_quota(tenant, service.quota_spec(tenant).merged(body.quota))
         if body.sharing is not None:
             service.set_sharing(tenant, body.sharing)
         if body.storage is not None:

@@ -56,9 +56,11 @@ class TenantCreate(BaseModel):
 class TenantUpdate(BaseModel):
     """What is given replaces the tenant's; what is omitted stays."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"quota": {"gpus": 32}}]})
 
-    quota: QuotaSpec | None = Field(None, description="Replaces the tenant's quota; admitted jobs keep running.")
+    quota: QuotaSpec | None = Field(
+        None, description="Changes the quota fields given (a field set to null becomes unlimited); the fields "
+        "left out keep their values. Admitted jobs keep running.")
     sharing: SharingSpec | None = Field(None, description="Replaces how the tenant shares; omitted: unchanged.")
     storage: StorageSpec | None = Field(
         None, description="Replaces the tenant's storage policy; it applies to jobs submitted (and started) later."
@@ -131,6 +133,8 @@ class Usage(BaseModel):
     quota: QuotaSpec
     used: UsageAmounts
     queued_jobs: int
+    stored_bytes: int = Field(0, description="Bytes the tenant keeps: its jobs' checkpoints (as their latest save "
+                              "left them) and logs; against quota.storage.")
     gpu_hours_7d: float = Field(description="GPU-hours held by the tenant's jobs over the last 7 days.")
     sharing: SharingUsage | None = Field(None, description="For a tenant in a cohort: what it borrows and lends.")
 

@@ -101,16 +101,18 @@ def fill_unset_storage(session: Session, *, storage: PlatformStorage) -> None:
 
 
 def set_quota(tenant: Tenant, quota: QuotaSpec) -> None:
+    """Replace the tenant's quota (a patch is `quota_spec(tenant).merged(patch)`)."""
     for amount, value in quota.amounts().items():
         setattr(tenant, f"quota_{amount}", value)
 
 
-def ensure_tenant(session: Session, *, name: str) -> Tenant:
-    """The tenant called `name`, created (unlimited; its storage policy unset, so the platform's defaults) on
-    first use: the embedded default's built-in tenant."""
+def ensure_tenant(session: Session, *, name: str, quota: QuotaSpec | None = None) -> Tenant:
+    """The tenant called `name`, created (with `quota`, by default unlimited; its storage policy unset, so the
+    platform's defaults) on first use: the embedded default's built-in tenant."""
     tenant = session.scalar(select(Tenant).where(Tenant.name == name))
     if tenant is None:
         tenant = Tenant(name=name)
+        set_quota(tenant, quota or QuotaSpec())
         session.add(tenant)
         session.flush()
     return tenant
@@ -150,9 +152,10 @@ def list_tenants(session: Session) -> list[Tenant]:
 # not a count of its queue (as costly as the queue is long). The active states are ORs, not an IN list: a list is
 # expanded on each execution, which the driver-level reads of kembed_api.pg_reads leave out.
 _QUEUE_LENGTH = select(Tenant.queued_jobs).where(Tenant.id == bindparam("tenant_id")).scalar_subquery()
+_STORED = select(Tenant.stored_bytes).where(Tenant.id == bindparam("tenant_id")).scalar_subquery()
 _USED_AND_QUEUED = select(
     func.count(), func.coalesce(func.sum(Job.gpus), 0), func.coalesce(func.sum(Job.cpu), 0.0),
-    func.coalesce(func.sum(Job.memory_bytes), 0), _QUEUE_LENGTH,
+    func.coalesce(func.sum(Job.memory_bytes), 0), _QUEUE_LENGTH, _STORED,
 ).where(Job.tenant_id == bindparam("tenant_id"), or_(*(Job.state == state for state in ACTIVE_STATES)))
 # Jobs that held GPUs at some time since `since`: admitted, not finished before it.
 _GPU_TIME = select(Job.gpus, Job.admitted_at, Job.finished_at).where(
@@ -163,11 +166,11 @@ _GPU_TIME = select(Job.gpus, Job.admitted_at, Job.finished_at).where(
 
 def usage(session: Executor, *, tenant: Tenant, now: datetime | None = None) -> Usage:
     now = now or utcnow()
-    running, gpus, cpu, memory, queued = session.execute(_USED_AND_QUEUED, {"tenant_id": tenant.id}).one()
+    running, gpus, cpu, memory, queued, stored = session.execute(_USED_AND_QUEUED, {"tenant_id": tenant.id}).one()
     return Usage(
         tenant=tenant.name, quota=quota_spec(tenant),
         used=UsageAmounts(gpus=gpus, cpu=cpu, memory_bytes=memory, running_jobs=running),
-        queued_jobs=queued,
+        queued_jobs=queued, stored_bytes=stored or 0,
         gpu_hours_7d=_gpu_hours(session, tenant=tenant, since=now - timedelta(days=7), now=now),
         sharing=_sharing_usage(session, tenant=tenant) if tenant.cohort else None,
     )
@@ -212,7 +215,7 @@ def usage_status(session: Executor, *, tenant: Tenant, now: datetime | None = No
     """What its Tenant resource's status shows (kembed_contract.resources.TenantUsage): what the tenant's jobs
     hold, and in a cohort what of it is borrowed and what of its idle quota the others borrow."""
     now = now or utcnow()
-    running, gpus, cpu, memory, queued = session.execute(_USED_AND_QUEUED, {"tenant_id": tenant.id}).one()
+    running, gpus, cpu, memory, queued, _ = session.execute(_USED_AND_QUEUED, {"tenant_id": tenant.id}).one()
     used = UsageAmounts(gpus=gpus, cpu=cpu, memory_bytes=memory, running_jobs=running)
     nothing = UsageAmounts(gpus=0, cpu=0, memory_bytes=0, running_jobs=0)
     sharing = _sharing_usage(session, tenant=tenant) if tenant.cohort else None

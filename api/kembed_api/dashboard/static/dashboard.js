@@ -217,6 +217,7 @@
       { key: "memory", label: "Memory", used: usage.used.memory_bytes, limit: overview.quota_memory_bytes, fmt: bytes },
       { key: "running", label: "Running jobs", used: usage.used.running_jobs, limit: q.max_running_jobs, fmt: number },
       { key: "queued", label: "Queued jobs", used: usage.queued_jobs, limit: q.max_queued_jobs, fmt: number },
+      { key: "storage", label: "Storage", used: usage.stored_bytes, limit: overview.quota_storage_bytes, fmt: bytes },
     ];
     const container = $("#bars");
     for (const d of dims) {
@@ -627,6 +628,7 @@
     { key: "gpus", label: "GPUs", type: "int" }, { key: "cpu", label: "CPU cores", type: "float" },
     { key: "memory", label: "Memory", type: "text" }, { key: "max_running_jobs", label: "Max running jobs", type: "int" },
     { key: "max_queued_jobs", label: "Max queued jobs", type: "int" },
+    { key: "storage", label: "Storage", type: "text" }, { key: "max_run_seconds", label: "Max run seconds", type: "int" },
   ];
 
   function adminPage() {
