@@ -18,6 +18,8 @@ would otherwise wait on.
 
 Every folder is checked against the storage policy (kembed_trainer.storage) just before it is listed, written,
 loaded or deleted, as its real path: a step folder that is a symlink to somewhere else is refused, not followed.
+Loads read through `dcp_read`, which unpickles nothing but DCP's own metadata classes and plain values:
+whoever can write the folder cannot make a resume run code.
 
 Saves are asynchronous: `save` copies the state (training goes on changing the originals) and hands the copy
 to a background thread, which writes it over a process group of its own (so its collectives never interleave
@@ -37,10 +39,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
-from kembed_trainer import delta, runtime
+from kembed_trainer import dcp_read, delta, runtime
 from kembed_trainer.step_writer import RowRangePlanner, StepWriter
 from kembed_trainer.storage import Guard
 
@@ -254,14 +255,13 @@ class Checkpointer:
             self.guard.readable(self.guard.uri_of(self.fs, file), where=f"{_WHERE} ({runtime.step_dir(step)})")
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            saved = FsspecReader(self.step_uri(step)).read_metadata().state_dict_metadata
+            saved = dcp_read.SafeReader(self.step_uri(step)).read_metadata().state_dict_metadata
             if whole:
-                dcp.load(_without_absent(state, saved, optional), storage_reader=FsspecReader(self.step_uri(step)))
+                dcp_read.load(_without_absent(state, saved, optional), self.step_uri(step))
                 return
             entries = delta.entries_of(saved)
             dense = {k: v for k, v in state.items() if k != delta.TABLES_KEY}
-            dcp.load({**_without_absent(dense, saved, optional), delta.DELTA_KEY: entries},
-                     storage_reader=FsspecReader(self.step_uri(step)))
+            dcp_read.load({**_without_absent(dense, saved, optional), delta.DELTA_KEY: entries}, self.step_uri(step))
         delta.apply(state[delta.TABLES_KEY], entries)
 
     def _listed_steps(self) -> list[int]:
