@@ -251,7 +251,8 @@ def export_job(
     uri = _readable_checkpoint_uri(job, principal, request)
     try:
         made = exports.export_file(uri, job_id=job_id, fmt=format, table=table, step=step,
-                                   preferred=_result_step(job), policy=_policy(principal, request))
+                                   preferred=_result_step(job), policy=_policy(principal, request),
+                                   sandbox=request.app.state.settings.trainer_sandbox)
     except (exports.NoCheckpoint, exports.ExportUnavailable, ValueError) as error:
         raise _export_failure(error) from error
     return FileResponse(made.path, filename=made.filename, media_type="application/octet-stream",
@@ -276,7 +277,8 @@ def job_neighbours(
     uri = _readable_checkpoint_uri(job, principal, request)
     try:
         step, name, found = exports.nearest(uri, word=word, k=k, table=table, preferred=_result_step(job),
-                                            policy=_policy(principal, request))
+                                            policy=_policy(principal, request),
+                                            sandbox=request.app.state.settings.trainer_sandbox)
     except (exports.NoCheckpoint, exports.ExportUnavailable, ValueError) as error:
         raise _export_failure(error) from error
     return NeighboursRead(job=job_id, checkpoint_step=step, table=name, word=word,
