@@ -281,3 +281,36 @@ def test_a_shard_linked_to_the_servers_data_is_refused(world, writable, genuine)
     assert answer.status_code == 409, answer.text
     assert "outside the tenant's storage policy" in answer.json()["detail"]
     assert (world.server.data_dir / "admin-token").read_text().strip() not in answer.text
+
+
+# ----------------------------------------------------------------------------------------------- links a trainer plants
+def test_the_server_reads_no_termination_message_through_a_link(tmp_path):
+    """The local backend reads a failed trainer's message from the job's folder, which the trainer can write: a
+    link there to the server's token must not come back as the job's message."""
+    secret = tmp_path / "admin-token"
+    secret.write_text(SECRET)
+    message = tmp_path / "node-0.termination-log"
+    message.symlink_to(secret)
+    assert runtime.read_termination_message(message) == ""
+    message.unlink()
+    os.link(secret, message)
+    assert runtime.read_termination_message(message) == ""
+    message.unlink()
+    message.write_text("step 3: out of memory")
+    assert runtime.read_termination_message(message) == "step 3: out of memory"
+
+
+def test_a_step_folder_or_marker_linked_elsewhere_is_not_listed(tmp_path):
+    """Listing a job's checkpoints follows no link: one to another tenant's step folder would show its time and
+    size."""
+    from kembed_api import checkpoints
+
+    other, mine = tmp_path / "other" / "job", tmp_path / "mine"
+    for folder, step in ((other, 100), (mine, 10), (mine, 30)):
+        (folder / f"step-{step}").mkdir(parents=True)
+        (folder / f"step-{step}" / runtime.CHECKPOINT_MARKER).write_bytes(
+            runtime.CheckpointMarker(step, runtime.CHECKPOINT_FULL, None, 1).to_bytes())
+    (mine / "step-100").symlink_to(other / "step-100")
+    (mine / "step-30" / runtime.CHECKPOINT_MARKER).unlink()
+    (mine / "step-30" / runtime.CHECKPOINT_MARKER).symlink_to(other / "step-100" / runtime.CHECKPOINT_MARKER)
+    assert [c.step for c in checkpoints.list_checkpoints(mine.as_uri())] == [10]
