@@ -283,6 +283,29 @@ def test_a_shard_linked_to_the_servers_data_is_refused(world, writable, genuine)
     assert (world.server.data_dir / "admin-token").read_text().strip() not in answer.text
 
 
+def test_an_s3_checkpoint_is_read_from_a_copy_by_a_worker_without_credentials(s3_server, genuine, tmp_path):
+    """The server copies the chain's bytes with its credentials; the worker (no credentials, no endpoint) reads
+    the copy: a genuine checkpoint exports, a planted one runs nothing."""
+    import fsspec
+
+    bucket = s3_server.create_bucket("checkpoint-reads")
+    fs = fsspec.filesystem("s3")
+    fs.put(str(genuine), f"{bucket}/genuine/{genuine.name}", recursive=True)
+    marker = tmp_path / "ran"
+    _plant(tmp_path / "planted" / "step-5", genuine, _system_payload(marker, tmp_path / "token"))
+    fs.put(str(tmp_path / "planted" / "step-5"), f"{bucket}/planted/step-5", recursive=True)
+    policy = StoragePolicy(own=(bucket,))
+    made = exports.export_file(f"{bucket}/genuine", job_id="j", fmt="numpy", table=None, step=None, policy=policy)
+    try:
+        assert np.array_equal(np.load(made.path, allow_pickle=False),
+                              export.read_table(f"file://{genuine}").vectors)
+    finally:
+        os.unlink(made.path)
+    with pytest.raises(exports.CheckpointRefused, match="checkpoint step 5 refused"):
+        exports.nearest(f"{bucket}/planted", word="5", k=3, table=None, policy=policy)
+    assert not marker.exists()
+
+
 # ----------------------------------------------------------------------------------------------- links a trainer plants
 def test_the_server_reads_no_termination_message_through_a_link(tmp_path):
     """The local backend reads a failed trainer's message from the job's folder, which the trainer can write: a
