@@ -207,7 +207,9 @@ def job_checkpoints(job_id: str, request: Request, db: Db, principal: Reader) ->
 _EXPORT_ERRORS = {
     409: {"description": "The job has no complete checkpoint yet (or none at `step`), it predates row indexes, or "
                          "a file in it lies outside the tenant's storage policy (a symlink)."},
-    422: {"description": "A parameter is wrong (an unknown table, a word not in the vocabulary); `detail` says which."},
+    422: {"description": "A parameter is wrong (an unknown table, a word not in the vocabulary), or the checkpoint "
+                         "cannot be read safely (`checkpoint step N refused`: it holds what no checkpoint does); "
+                         "`detail` says which."},
     501: {"description": "This server cannot read checkpoints (no torch); export where the trainer runs."},
 }
 
