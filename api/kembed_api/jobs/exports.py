@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import fsspec
-
 from kembed_api import checkpoints
 from kembed_api.jobs import checkpoint_reader
 from kembed_trainer import runtime
@@ -113,7 +111,7 @@ def _copy(chain: list[checkpoints.CheckpointRead], root: Path) -> dict[str, str]
     budget = _COPY_BYTES
     names = {}
     for link in chain:
-        fs, path = fsspec.core.url_to_fs(link.uri)
+        fs, path = Guard.fs(link.uri)
         folder = root / runtime.step_dir(link.step)
         for found in fs.find(path):
             parts = found[len(path.rstrip("/")) + 1:].split("/")
@@ -142,9 +140,9 @@ def _read(chosen: checkpoints.CheckpointRead, chain: list[checkpoints.Checkpoint
         if chosen.uri.startswith("file://"):  # read in place: Landlock judges every file where it really is
             step_uri, folders, names = chosen.uri, [c.uri.removeprefix("file://") for c in chain], {}
         else:
-            names = _copy(chain, Path(tmp) / "checkpoint")
-            step_uri, folders = f"file://{Path(tmp) / 'checkpoint' / runtime.step_dir(chosen.step)}", [
-                str(Path(tmp) / "checkpoint")]
+            copy = Path(tmp) / "checkpoint"
+            names = _copy(chain, copy)
+            step_uri, folders = f"file://{copy / runtime.step_dir(chosen.step)}", [str(copy)]
         command = [sys.executable, "-m", "kembed_trainer.export_worker", *wanted,
                    *([f"--table={table}"] if table else []), "--", step_uri]
         try:
