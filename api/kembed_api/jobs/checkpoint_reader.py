@@ -97,6 +97,14 @@ def _user_processes() -> int:
     return count
 
 
+def _within_hard(which: int, soft: int, hard: int) -> tuple[int, int, int]:
+    """(which, soft, hard) lowered to this process's own hard limit: a process may not raise it."""
+    current = resource.getrlimit(which)[1]
+    if current != resource.RLIM_INFINITY:
+        soft, hard = min(soft, current), min(hard, current)
+    return which, soft, hard
+
+
 def _is_under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
@@ -127,14 +135,14 @@ def run(command: Sequence[str], *, read: Sequence[str], scratch: Path, denied: S
     confined = sandbox != "off" and landlock.abi_version() >= 1
     prefix = _sandbox_prefix(read, scratch, denied) if confined else []
     processes = _user_processes() + limits.processes
-    rlimits = [
+    rlimits = [_within_hard(which, soft, hard) for which, soft, hard in (
         (resource.RLIMIT_DATA, limits.memory_bytes, limits.memory_bytes),
         (resource.RLIMIT_CPU, limits.cpu_seconds, limits.cpu_seconds + 5),
         (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files),
         (resource.RLIMIT_NPROC, processes, processes),
         (resource.RLIMIT_FSIZE, limits.output_bytes, limits.output_bytes),
         (resource.RLIMIT_CORE, 0, 0),
-    ]
+    )]
 
     def limit() -> None:  # in the child before exec: only setrlimit calls, on values computed above
         for which, soft, hard in rlimits:
@@ -144,9 +152,10 @@ def run(command: Sequence[str], *, read: Sequence[str], scratch: Path, denied: S
         [*prefix, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         env=_environ(scratch), cwd=scratch, start_new_session=True, preexec_fn=limit, close_fds=True,
     )
+    deadline = time.monotonic() + limits.wall_seconds
     try:
-        header, num_bytes = _collect(process, sink, limits, time.monotonic() + limits.wall_seconds)
-        returncode = process.wait(timeout=max(1.0, limits.wall_seconds))
+        header, num_bytes = _collect(process, sink, limits, deadline)
+        returncode = process.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         raise ReaderFailed("the checkpoint reader did not finish in time") from None
     finally:
