@@ -53,8 +53,9 @@ class UnsafeCheckpoint(ValueError):
 def _allowed(module: str, name: str) -> bool:
     if (module, name) in _ALLOWED:
         return True
-    # Every dtype (a checkpoint may hold any): plain values, nothing to call.
-    return module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+    # Every dtype (a checkpoint may hold any): plain values, nothing to call. Looked up in the module's own names
+    # (a getattr could import a submodule torch loads lazily).
+    return module == "torch" and isinstance(vars(torch).get(name), torch.dtype)
 
 
 class _MetadataUnpickler(pickle.Unpickler):
