@@ -181,6 +181,20 @@ def test_the_reader_is_stopped_at_its_deadline_and_its_output_bound(tmp_path):
     assert output.returncode != 0  # MemoryError: the allocation was refused, the machine untouched
 
 
+def test_readers_at_once_are_bounded(tmp_path, monkeypatch):
+    """Each reader is bounded, and so is their number: one more waits, then is told to come back."""
+    monkeypatch.setattr(checkpoint_reader, "_WAIT_FOR_SLOT_S", 0.1)
+    held = [checkpoint_reader._slots.acquire(timeout=60) for _ in range(checkpoint_reader.MAX_READERS)]
+    try:
+        assert all(held)
+        with pytest.raises(checkpoint_reader.ReaderBusy):
+            _run(tmp_path, "print('{}')")
+    finally:
+        for _ in held:
+            checkpoint_reader._slots.release()
+    assert _run(tmp_path, "print('{}')")[0].header == b"{}"
+
+
 @needs_landlock
 def test_a_shard_linked_outside_is_refused_by_the_kernel_even_past_the_policy_check(tmp_path, genuine, monkeypatch):
     """Should the policy's check miss it (a bug, or a file swapped after the check), the reader still cannot

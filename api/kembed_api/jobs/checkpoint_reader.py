@@ -28,6 +28,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,14 +38,23 @@ from typing import IO
 import kembed_trainer
 from kembed_trainer import sandbox as landlock
 
-__all__ = ["Limits", "Output", "ReaderFailed", "ReaderUnavailable", "run"]
+__all__ = ["MAX_READERS", "Limits", "Output", "ReaderBusy", "ReaderFailed", "ReaderUnavailable", "run"]
 
 _HEADER_BYTES = 1 << 20  # the first line of the output: a small JSON answer
 _CHUNK = 1 << 16
+# Readers at once in one server process: each is bounded, and so is their number (callers size each one's memory
+# by it). A request finding them all busy waits this long, then is told to come back.
+MAX_READERS = 2
+_WAIT_FOR_SLOT_S = 30.0
+_slots = threading.BoundedSemaphore(MAX_READERS)
 
 
 class ReaderFailed(RuntimeError):
     """The confined process broke a limit, or ended without an answer. Never carries what it printed."""
+
+
+class ReaderBusy(RuntimeError):
+    """Every reader slot stayed taken: try again shortly."""
 
 
 class ReaderUnavailable(RuntimeError):
@@ -129,9 +139,20 @@ def run(command: Sequence[str], *, read: Sequence[str], scratch: Path, denied: S
 
     Its stdout is a first line (at most 1 MiB, returned) and then bytes written to `sink` (at most
     `limits.output_bytes`). `sandbox`: auto, landlock or off, as `KEMBED_TRAINER_SANDBOX`. Raises ReaderFailed
-    past a limit or the deadline, ReaderUnavailable when Landlock is required and missing."""
+    past a limit or the deadline, ReaderBusy when `MAX_READERS` run already and none ends within 30 s,
+    ReaderUnavailable when Landlock is required and missing."""
     if sandbox == "landlock" and landlock.abi_version() < 1:
         raise ReaderUnavailable("KEMBED_TRAINER_SANDBOX=landlock, but this kernel has no Landlock")
+    if not _slots.acquire(timeout=_WAIT_FOR_SLOT_S):
+        raise ReaderBusy(f"{MAX_READERS} checkpoints are being read already; try again shortly")
+    try:
+        return _run(command, read=read, scratch=scratch, denied=denied, sandbox=sandbox, limits=limits, sink=sink)
+    finally:
+        _slots.release()
+
+
+def _run(command: Sequence[str], *, read: Sequence[str], scratch: Path, denied: Sequence[str], sandbox: str,
+         limits: Limits, sink: IO[bytes]) -> Output:
     confined = sandbox != "off" and landlock.abi_version() >= 1
     prefix = _sandbox_prefix(read, scratch, denied) if confined else []
     processes = _user_processes() + limits.processes

@@ -26,7 +26,7 @@ from kembed_trainer import runtime
 from kembed_trainer.storage import Guard
 from kembed_trainer.storage_policy import StorageDenied, StoragePolicy, UriError
 
-__all__ = ["CheckpointRefused", "Export", "ExportUnavailable", "NoCheckpoint", "export_file", "find_checkpoint",
+__all__ = ["CheckpointRefused", "Export", "ExportBusy", "ExportUnavailable", "NoCheckpoint", "export_file", "find_checkpoint",
            "nearest"]
 
 FORMATS = tuple(runtime.EXPORT_FORMATS)
@@ -40,6 +40,10 @@ class NoCheckpoint(LookupError):
 
 class ExportUnavailable(RuntimeError):
     """This server lacks torch, which reading a checkpoint needs."""
+
+
+class ExportBusy(RuntimeError):
+    """The server is reading as many checkpoints as it may at once."""
 
 
 class CheckpointRefused(ValueError):
@@ -96,12 +100,13 @@ def _require_torch() -> None:
 
 
 def _limits(chain: list[checkpoints.CheckpointRead]) -> checkpoint_reader.Limits:
-    """What reading `chain` may take: the tables it holds, a few times over, never half the machine."""
+    """What reading `chain` may take: the tables it holds, a few times over; all readers at once, at most half
+    the machine."""
     num_bytes = sum(c.num_bytes for c in chain)
     base = checkpoint_reader.Limits()
-    half_machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    share = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (2 * checkpoint_reader.MAX_READERS)
     return checkpoint_reader.Limits(
-        memory_bytes=max(base.memory_bytes, min(half_machine, base.memory_bytes + 4 * num_bytes)),
+        memory_bytes=max(base.memory_bytes, min(share, base.memory_bytes + 4 * num_bytes)),
         output_bytes=(256 << 20) + 8 * num_bytes,  # word2vec text: ~16 characters for each 4-byte float
     )
 
@@ -150,6 +155,8 @@ def _read(chosen: checkpoints.CheckpointRead, chain: list[checkpoints.Checkpoint
                                            limits=_limits(chain), sink=sink)
         except checkpoint_reader.ReaderUnavailable as error:
             raise ExportUnavailable(str(error)) from None
+        except checkpoint_reader.ReaderBusy as error:
+            raise ExportBusy(str(error)) from None
         except checkpoint_reader.ReaderFailed as error:
             raise CheckpointRefused(f"checkpoint step {chosen.step}: {error}") from None
     return _answer(output, chosen.step, names)
