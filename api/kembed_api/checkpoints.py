@@ -54,17 +54,22 @@ def list_checkpoints(uri: str) -> list[CheckpointRead]:
     for entry in entries:
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
         step = runtime.step_of_dir(name)
-        if step is None or entry.get("type") != "directory":
+        # The trainer never writes links: a step folder, marker or file that is one was planted, and following
+        # it would list (times, sizes) what lies elsewhere, another tenant's checkpoints or the server's files.
+        if step is None or entry.get("type") != "directory" or entry.get("islink"):
             continue
         path = entry["name"].rstrip("/")
         try:
             marker = fs.info(f"{path}/{runtime.CHECKPOINT_MARKER}")
+            if marker.get("islink"):
+                continue
             content = fs.cat_file(f"{path}/{runtime.CHECKPOINT_MARKER}")
         except FileNotFoundError:
             continue  # half-written: never loaded, never listed
         markers[step] = runtime.CheckpointMarker.parse(step, content)
         files = fs.find(path, detail=True)
-        folders[step] = (path, _modified(marker), sum(int(f.get("size") or 0) for f in files.values()))
+        folders[step] = (path, _modified(marker),
+                         sum(int(f.get("size") or 0) for f in files.values() if not f.get("islink")))
     found = []
     for step in runtime.restorable_steps(markers):
         path, time, num_bytes = folders[step]

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import signal
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -111,12 +112,20 @@ def write_termination_message(message: str) -> None:
 
 
 def read_termination_message(path: str | os.PathLike) -> str:
-    """The message a trainer left at `path`, or "" when there is none."""
+    """The message a trainer left at `path`, or "" when there is none.
+
+    The trainer can write the folder, and the server reads this with its own rights: a symlink (or a hard link,
+    or a FIFO) there is not a message, so it is not followed (else a trainer could link the server's token here
+    and read it back as its job's message)."""
     try:
-        with open(path, "rb") as f:
-            return f.read(MAX_TERMINATION_MESSAGE_BYTES).decode("utf-8", "replace").strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return ""
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            return ""
+        return f.read(MAX_TERMINATION_MESSAGE_BYTES).decode("utf-8", "replace").strip()
 
 
 # ---- report records (field "event") -------------------------------------------------------------------------

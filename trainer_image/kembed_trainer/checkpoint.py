@@ -18,6 +18,8 @@ would otherwise wait on.
 
 Every folder is checked against the storage policy (kembed_trainer.storage) just before it is listed, written,
 loaded or deleted, as its real path: a step folder that is a symlink to somewhere else is refused, not followed.
+Loads read through `dcp_read`, which unpickles nothing but DCP's own metadata classes and plain values:
+whoever can write the folder cannot make a resume run code.
 
 Storage quota: with a budget (runtime.ENV_STORAGE_BUDGET), rank 0 counts, before it writes a save's marker, the
 bytes the folder will hold once that save counts and pruning is done (the steps keep-latest-K, the pinned best and
@@ -43,11 +45,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
 from kembed_contract import runtime
-from kembed_trainer import delta
+from kembed_trainer import dcp_read, delta
 from kembed_trainer.step_writer import RowRangePlanner, StepWriter
 from kembed_trainer.storage import Guard
 
@@ -278,14 +279,13 @@ class Checkpointer:
             self.guard.readable(self.guard.uri_of(self.fs, file), where=f"{_WHERE} ({runtime.step_dir(step)})")
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            saved = FsspecReader(self.step_uri(step)).read_metadata().state_dict_metadata
+            saved = dcp_read.SafeReader(self.step_uri(step)).read_metadata().state_dict_metadata
             if whole:
-                dcp.load(_without_absent(state, saved, optional), storage_reader=FsspecReader(self.step_uri(step)))
+                dcp_read.load(_without_absent(state, saved, optional), self.step_uri(step))
                 return
             entries = delta.entries_of(saved)
             dense = {k: v for k, v in state.items() if k != delta.TABLES_KEY}
-            dcp.load({**_without_absent(dense, saved, optional), delta.DELTA_KEY: entries},
-                     storage_reader=FsspecReader(self.step_uri(step)))
+            dcp_read.load({**_without_absent(dense, saved, optional), delta.DELTA_KEY: entries}, self.step_uri(step))
         delta.apply(state[delta.TABLES_KEY], entries)
 
     def _listed_steps(self) -> list[int]:

@@ -27,11 +27,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
 from kembed_contract import runtime
-from kembed_trainer import delta, embedding, row_index
+from kembed_trainer import dcp_read, delta, embedding, row_index
 from kembed_trainer.data.table import hash_string
 
 __all__ = ["FORMATS", "SUFFIXES", "ExportError", "TableRows", "neighbours", "read_table", "write"]
@@ -127,7 +125,7 @@ def read_table(step_uri: str, table: str | None = None) -> TableRows:
 
 
 def _load_weight(step_uri: str, table: str) -> np.ndarray:
-    reader = FsspecReader(step_uri)
+    reader = dcp_read.SafeReader(step_uri)
     key = f"embeddings.{table}.weight"
     entry = reader.read_metadata().state_dict_metadata.get(key)
     if entry is None:
@@ -135,19 +133,20 @@ def _load_weight(step_uri: str, table: str) -> np.ndarray:
     state = {"embeddings": {f"{table}.weight": torch.empty(tuple(entry.size), dtype=torch.float32)}}
     with warnings.catch_warnings():  # one process, no process group: intended
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=FsspecReader(step_uri))
+        dcp_read.load(state, step_uri)
     return state["embeddings"][f"{table}.weight"].numpy()
 
 
 def _apply_delta(delta_uri: str, table: str, vectors: np.ndarray) -> None:
     """Copy a delta's changed rows of `table` into `vectors` (in place)."""
-    wanted = {k: v for k, v in delta.entries_of(FsspecReader(delta_uri).read_metadata().state_dict_metadata).items()
+    saved = dcp_read.SafeReader(delta_uri).read_metadata().state_dict_metadata
+    wanted = {k: v for k, v in delta.entries_of(saved).items()
               if k.startswith(f"{table}.") and k.rsplit(".", 1)[-1] in ("rows", "weight")}
     if not wanted:
         return  # no row of this table changed
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load({delta.DELTA_KEY: wanted}, storage_reader=FsspecReader(delta_uri))
+        dcp_read.load({delta.DELTA_KEY: wanted}, delta_uri)
     delta.apply({f"{table}.weight": torch.from_numpy(vectors)}, wanted)
 
 

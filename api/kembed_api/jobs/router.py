@@ -207,9 +207,13 @@ def job_checkpoints(job_id: str, request: Request, db: Db, principal: Reader) ->
 _EXPORT_ERRORS = {
     409: {"description": "The job has no complete checkpoint yet (or none at `step`), it predates row indexes, or "
                          "a file in it lies outside the tenant's storage policy (a symlink)."},
-    422: {"description": "A parameter is wrong (an unknown table, a word not in the vocabulary); `detail` says which."},
+    422: {"description": "A parameter is wrong (an unknown table, a word not in the vocabulary), or the checkpoint "
+                         "cannot be read safely (`checkpoint step N refused`: it holds what no checkpoint does); "
+                         "`detail` says which."},
     501: {"description": "This server cannot read checkpoints (no torch); export where the trainer runs."},
+    503: {"description": "The server is reading as many checkpoints as it may at once; retry after `Retry-After`."},
 }
+_BUSY_RETRY_S = 10
 
 
 def _export_failure(error: Exception) -> HTTPException:
@@ -217,6 +221,9 @@ def _export_failure(error: Exception) -> HTTPException:
         return HTTPException(status.HTTP_409_CONFLICT, detail=str(error))
     if isinstance(error, exports.ExportUnavailable):
         return HTTPException(status.HTTP_501_NOT_IMPLEMENTED, detail=str(error))
+    if isinstance(error, exports.ExportBusy):
+        return HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail=str(error),
+                             headers={"Retry-After": str(_BUSY_RETRY_S)})
     message = str(error)
     if "predates" in message or "was written before" in message:
         return HTTPException(status.HTTP_409_CONFLICT, detail=message)
@@ -251,8 +258,9 @@ def export_job(
     uri = _readable_checkpoint_uri(job, principal, request)
     try:
         made = exports.export_file(uri, job_id=job_id, fmt=format, table=table, step=step,
-                                   preferred=_result_step(job), policy=_policy(principal, request))
-    except (exports.NoCheckpoint, exports.ExportUnavailable, ValueError) as error:
+                                   preferred=_result_step(job), policy=_policy(principal, request),
+                                   sandbox=request.app.state.settings.trainer_sandbox)
+    except (exports.NoCheckpoint, exports.ExportUnavailable, exports.ExportBusy, ValueError) as error:
         raise _export_failure(error) from error
     return FileResponse(made.path, filename=made.filename, media_type="application/octet-stream",
                         headers={"X-Kembed-Checkpoint-Step": str(made.step), "X-Kembed-Table": made.table},
@@ -276,8 +284,9 @@ def job_neighbours(
     uri = _readable_checkpoint_uri(job, principal, request)
     try:
         step, name, found = exports.nearest(uri, word=word, k=k, table=table, preferred=_result_step(job),
-                                            policy=_policy(principal, request))
-    except (exports.NoCheckpoint, exports.ExportUnavailable, ValueError) as error:
+                                            policy=_policy(principal, request),
+                                            sandbox=request.app.state.settings.trainer_sandbox)
+    except (exports.NoCheckpoint, exports.ExportUnavailable, exports.ExportBusy, ValueError) as error:
         raise _export_failure(error) from error
     return NeighboursRead(job=job_id, checkpoint_step=step, table=name, word=word,
                           neighbours=[Neighbour(key=key, similarity=sim) for key, sim in found])
