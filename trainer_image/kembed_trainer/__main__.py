@@ -1,8 +1,9 @@
 """`python -m kembed_trainer --config PATH_OR_URI`, alone or under torchrun.
 
 Exit codes (kembed_trainer.runtime): 0 done; 2 bad input, the config or the data (one line naming the field or
-the column, also written to the termination log), a URI outside the storage policy included; 143 stopped by
-SIGTERM after a checkpoint.
+the column, also written to the termination log), a URI outside the storage policy included; 3 out of memory (an
+allocation refused: the limit and the size asked for in the termination log); 143 stopped by SIGTERM after a
+checkpoint.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 
 from kembed_trainer import config, runtime, storage, storage_policy
 
@@ -25,6 +27,13 @@ def _bad_input(message: str) -> int:
     print(message, file=sys.stderr, flush=True)
     runtime.write_termination_message(message)
     return runtime.EXIT_BAD_CONFIG
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """An allocation refused: Python's and NumPy's MemoryError; torch's CPU allocator raises a RuntimeError that
+    says "can't allocate memory" (torch 2.13), its GPU allocator torch.OutOfMemoryError."""
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     except _BAD_DATA as exc:
         return _bad_input(f"data error: {exc}".splitlines()[0])
     except Exception as exc:
+        if _out_of_memory(exc):
+            traceback.print_exc()
+            runtime.write_termination_message(f"{type(exc).__name__}: {exc}".splitlines()[0])
+            return runtime.EXIT_OUT_OF_MEMORY
         # A crash keeps its traceback (and exit 1), but the job's message is its one line, not the launcher's.
         runtime.write_termination_message(f"{type(exc).__name__}: {exc}".splitlines()[0])
         raise

@@ -40,6 +40,7 @@ __all__ = [
     "EVENT_STARTED",
     "EXIT_BAD_CONFIG",
     "EXIT_OK",
+    "EXIT_OUT_OF_MEMORY",
     "EXPORT_FORMATS",
     "EXIT_STOPPED",
     "MAX_TERMINATION_MESSAGE_BYTES",
@@ -60,6 +61,9 @@ EXIT_OK = 0
 # Bad input: the config does not validate, or the data does not fit it (a missing column, an id outside its
 # table, a file that is not there). Retrying cannot help; the reason is in the termination log.
 EXIT_BAD_CONFIG = 2
+# An allocation failed: the process reached its memory limit (an rlimit, a GPU's memory) and said so instead of
+# being killed. Retrying at the same size cannot help; the reason (how much it asked for) is in the termination log.
+EXIT_OUT_OF_MEMORY = 3
 EXIT_STOPPED = 128 + signal.SIGTERM  # 143: stopped by SIGTERM after saving a checkpoint (resumes from it)
 
 # ---- environment --------------------------------------------------------------------------------------------
