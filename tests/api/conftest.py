@@ -83,6 +83,9 @@ class FakeBackend:
     def read_logs(self, job_id: str, *, tail_lines: int | None = None) -> str:
         return ""
 
+    def stream_logs(self, job_id: str):
+        yield from ()
+
     def shutdown(self) -> None:
         pass
 

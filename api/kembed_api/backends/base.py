@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -98,7 +99,10 @@ class Backend(Protocol):
         """
 
     def read_logs(self, job_id: str, *, tail_lines: int | None = None) -> str:
-        """The job's logs, oldest first."""
+        """The job's logs, oldest first; `tail_lines`: only the last lines of each node (read from the end)."""
+
+    def stream_logs(self, job_id: str) -> Iterator[bytes]:
+        """The job's whole logs (what is kept of them), oldest first, in chunks: never whole in memory."""
 
     def shutdown(self) -> None:
         """Stop every running gang (each writes its SIGTERM checkpoint) and wait for them, within the grace."""
