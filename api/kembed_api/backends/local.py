@@ -46,8 +46,8 @@ __all__ = ["LocalBackend"]
 _LAUNCHER = (sys.executable, "-m", "kembed_trainer.launch")
 
 
-# How long poll waits for a node's last output to reach its log after the node exited (its pipe's other holders,
-# ranks the node started, go with it).
+# How long poll waits for a node's last output to reach its log after the node exited (the log writer ends when
+# the last holder of the pipe does: ranks the node started go with it).
 _LOG_DRAIN_S = 5.0
 DEFAULT_LOG_BYTES_PER_NODE = 16 * 2**20
 
@@ -55,7 +55,7 @@ DEFAULT_LOG_BYTES_PER_NODE = 16 * 2**20
 @dataclass
 class _Gang:
     processes: list[subprocess.Popen]
-    pumps: list[node_logs.LogPump]
+    pumps: list[subprocess.Popen]  # each node's log writer (backends.node_logs)
     limits: list[confinement.NodeLimit]
     stop_requested_at: float | None = None
     collateral: set[int] = field(default_factory=set)  # nodes stopped by us: their exits do not decide
@@ -203,6 +203,7 @@ class LocalBackend:
 
         resources = launch.spec.resources
         port = free_port()
+        base_env = confinement.trainer_environ(os.environ, scratch=scratch, server_s3_credentials=False)
         env = {
             **confinement.trainer_environ(os.environ, scratch=scratch,
                                           server_s3_credentials=self.server_s3_credentials),
@@ -242,21 +243,31 @@ class LocalBackend:
                 )
                 sandboxed = confinement.sandbox_command(files=files, network=network, joins=limit.joins,
                                                         rlimits=limit.rlimits)
-                pump = node_logs.LogPump(node_logs.node_log(log_dir, node_rank), self.log_bytes_per_node)
-                pump.write(f"=== attempt {launch.attempt} of job {launch.job_id}, node {node_rank} ===\n".encode())
+                log_path = node_logs.node_log(log_dir, node_rank)
+                header = node_logs.LogPump(log_path, self.log_bytes_per_node)
+                header.write(f"=== attempt {launch.attempt} of job {launch.job_id}, node {node_rank} ===\n".encode())
+                header.close()
                 node_env = {**env, runtime.ENV_TERMINATION_LOG: str(termination_log)}
-                process = subprocess.Popen([*sandboxed, *command], env=node_env, stdout=subprocess.PIPE,
-                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=job_dir,
-                                           start_new_session=True)
-                pump.start(os.dup(process.stdout.fileno()))
-                process.stdout.close()  # the pump holds its own descriptor of the pipe
-                processes.append(process)
-                pumps.append(pump)
+                read_end, write_end = os.pipe()
+                try:
+                    # Its own session, like the node's: a Ctrl-C meant for the server must not end the logs
+                    # while the trainers write their SIGTERM checkpoint.
+                    pumps.append(subprocess.Popen(
+                        node_logs.pump_command(log_path, self.log_bytes_per_node), stdin=read_end,
+                        stdout=subprocess.DEVNULL, env=base_env, start_new_session=True))
+                    processes.append(subprocess.Popen(
+                        [*sandboxed, *command], env=node_env, stdout=write_end, stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL, cwd=job_dir, start_new_session=True))
+                finally:
+                    os.close(read_end)
+                    os.close(write_end)
         except BaseException:
             for process in processes:  # a half-started gang would wait for its missing nodes forever
                 _signal_group(process.pid, signal.SIGKILL)
             for limit in node_limits:
                 limit.release()
+            for pump in pumps:
+                pump.kill()
             raise
         with self._lock:
             self._gangs[launch.job_id] = _Gang(processes=processes, pumps=pumps, limits=node_limits)
@@ -289,7 +300,8 @@ class LocalBackend:
         if any(c is None for c in codes):
             return None
         for pump in gang.pumps:
-            pump.join(_LOG_DRAIN_S)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                pump.wait(_LOG_DRAIN_S)
         if not failed:
             self._forget(job_id)
             return Exit(succeeded=True, retryable=False, reason="Completed", message="all trainers exited 0")

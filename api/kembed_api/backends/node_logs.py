@@ -1,10 +1,13 @@
 """The local backend's trainer logs: bounded on disk, read from the end or streamed, never whole into memory.
 
-A node's output comes through a pipe that a thread of the server (`LogPump`) copies into `node-<i>.log`. Once
+A node's output comes through a pipe that a small process of the server's (`python -m
+kembed_api.backends.node_logs`, a `LogPump`) copies into `node-<i>.log`: a process, not a thread, so that the
+node's output still has somewhere to go when the server is killed, and its trainers run on until the next server
+reclaims them (SIGTERM: they checkpoint and say so in their log). Once
 that file holds half the node's budget it becomes `node-<i>.log.1` (the one before it is deleted, and the bytes
 it held are counted in `node-<i>.log.dropped`) and a new file starts: at most the budget per node on disk, and
-always the newest half of it at least. Copying costs the server a thread per node and a write per read of the
-pipe (docs/security.md#logs has the figure). Readers put a line saying what was dropped first. The trainer cannot get
+always the newest half of it at least. Copying costs a process per node and a write per read of the pipe
+(docs/security.md#logs has the figure). Readers put a line saying what was dropped first. The trainer cannot get
 around it: it never holds the file, only its end of the pipe.
 """
 
@@ -12,11 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["LogPump", "node_log", "read_tail", "stream"]
+__all__ = ["LogPump", "node_log", "pump_command", "read_tail", "stream"]
 
 _CHUNK = 64 * 1024
 
@@ -47,7 +50,6 @@ class LogPump:
         self.path, self.segment_bytes = path, max(1, max_bytes // 2)
         self._file = open(path, "ab")  # noqa: SIM115 (open while the node runs)
         self._size = self._file.tell()
-        self._thread: threading.Thread | None = None
 
     def write(self, data: bytes) -> None:
         if len(data) > self.segment_bytes:  # a budget smaller than one read of the pipe: keep its end
@@ -71,27 +73,24 @@ class LogPump:
         self._file = open(self.path, "ab")  # noqa: SIM115
         self._size = 0
 
-    def start(self, fd: int) -> None:
-        """Copy from `fd` until its writers are gone (the node and everything it started), then close it."""
-        def pump() -> None:
-            try:
-                while chunk := os.read(fd, _CHUNK):
-                    self.write(chunk)
-            finally:
-                os.close(fd)
-                self.close()
-
-        self._thread = threading.Thread(target=pump, name=f"log-{self.path.parent.name}-{self.path.name}",
-                                         daemon=True)
-        self._thread.start()
-
     def close(self) -> None:
         self._file.close()
 
-    def join(self, timeout_s: float) -> None:
-        """Wait until the node's last output is in the file (its processes have exited)."""
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+
+def pump_command(path: Path, max_bytes: int) -> list[str]:
+    """The process that copies its stdin (a node's output) into `path`, keeping at most `max_bytes`."""
+    return [sys.executable, "-m", "kembed_api.backends.node_logs", str(path), str(max_bytes)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    path, max_bytes = sys.argv[1:] if argv is None else argv
+    pump = LogPump(Path(path), int(max_bytes))
+    try:
+        while chunk := os.read(0, _CHUNK):  # until every holder of the pipe's other end is gone
+            pump.write(chunk)
+    finally:
+        pump.close()
+    return 0
 
 
 def _marker(path: Path) -> bytes:
@@ -157,3 +156,7 @@ def read_tail(path: Path, num_lines: int) -> bytes:
     if wanted > 0 and (marker := _marker(path)):
         parts.insert(0, marker)
     return b"".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
