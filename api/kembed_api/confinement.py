@@ -35,7 +35,8 @@ from kembed_trainer import sandbox as landlock
 from kembed_trainer.storage_policy import StoragePolicy
 
 __all__ = ["TRAINER_ENV_NAMES", "Limiter", "NodeLimit", "NodeLimits", "detect_limiter", "ephemeral_ports",
-           "landlock_file_rules", "network_rules", "node_limits", "sandbox_command", "trainer_environ"]
+           "landlock_file_rules", "network_rules", "node_limits", "node_processes", "sandbox_command",
+           "trainer_environ"]
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ class NodeLimit:
         would count it: shared libraries once, not per process); over the limit, the whole node is SIGKILLed."""
         if not self.watched or self.killed_for_memory:
             return
-        pids = _tree(pid)
+        pids = node_processes(pid)
         used = sum(_anonymous_bytes(p) for p in pids)
         self.peak_bytes = max(self.peak_bytes, used)
         if used > self.limits.memory_bytes:
@@ -249,8 +250,9 @@ def _cgroup_oom(memory_dir: Path) -> tuple[bool, int]:
     return killed, peak
 
 
-def _tree(pid: int) -> list[int]:
-    """`pid` and its descendants (torchrun starts each rank in a session of its own: not its process group)."""
+def node_processes(pid: int) -> list[int]:
+    """`pid` and its descendants (torchrun starts each rank in a session of its own: not its process group, so
+    a signal to the node's group reaches the launcher alone)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -285,6 +287,12 @@ class Limiter:
     def __init__(self, layer: str, cgroups: Mapping[str, Path] | None = None, *, version: int = 0) -> None:
         self.layer, self.version = layer, version
         self.cgroups = dict(cgroups or {})  # controller -> the folder nodes' cgroups are made in
+
+    def release_all(self, prefix: str) -> None:
+        """Remove the cgroups named `prefix`* (an earlier server's nodes of one job, found after a restart)."""
+        for parent in self.cgroups.values():
+            for folder in parent.glob(f"{prefix}*"):
+                NodeLimit(NodeLimits(0, 0, 0, 0), self.layer, dirs=[folder]).release()
 
     def node(self, name: str, limits: NodeLimits) -> NodeLimit:
         rlimits = {"nofile": limits.open_files, "core": 0}  # no core dumps of many-GiB processes in the job folder

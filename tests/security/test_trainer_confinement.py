@@ -141,7 +141,7 @@ def test_a_trainer_holds_none_of_the_servers_secrets(sandbox_mode, monkeypatch, 
         started = _launch(backend, "environ-g5h6i", spec, url)
         try:
             deadline = time.monotonic() + 120
-            while len(pids := confinement._tree(started["pids"][0])) < 3:  # the launcher and its two ranks
+            while len(pids := confinement.node_processes(started["pids"][0])) < 3:  # the launcher and its two ranks
                 assert time.monotonic() < deadline, "the ranks did not start"
                 time.sleep(0.2)
             environs = [_environ(pid) for pid in pids]

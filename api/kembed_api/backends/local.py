@@ -188,6 +188,10 @@ class LocalBackend:
     def _log_dir(self, job_id: str) -> Path:
         return self.data_dir / "logs" / job_id
 
+    @staticmethod
+    def _cgroup_name(job_id: str, node_rank: int | str) -> str:
+        return f"kembed-{job_id}-{node_rank}"
+
     def _termination_log(self, job_id: str, node_rank: int) -> Path:
         """Where node `node_rank`'s first failing rank writes why (runtime.ENV_TERMINATION_LOG)."""
         return self._job_dir(job_id) / f"node-{node_rank}.termination-log"
@@ -235,7 +239,7 @@ class LocalBackend:
             for node_rank in range(resources.nodes):
                 termination_log = self._termination_log(launch.job_id, node_rank)
                 termination_log.unlink(missing_ok=True)  # an earlier attempt's reason
-                limit = self.limiter.node(f"kembed-{launch.job_id}-{node_rank}", limits)
+                limit = self.limiter.node(self._cgroup_name(launch.job_id, node_rank), limits)
                 node_limits.append(limit)
                 command = runtime.node_command(
                     _LAUNCHER, nnodes=resources.nodes, node_rank=node_rank, nproc_per_node=resources.procs_per_node,
@@ -352,7 +356,9 @@ class LocalBackend:
             if gang.stop_requested_at and time.monotonic() - gang.stop_requested_at > self.stop_grace_s:
                 for process in gang.processes:
                     if process.poll() is None:
-                        _signal_group(process.pid, signal.SIGKILL)
+                        for pid in confinement.node_processes(process.pid):  # its ranks too: their own sessions
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(pid, signal.SIGKILL)
 
     def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> bool:
         # Trainers never outlive the server that started them: end what is left (SIGTERM: they checkpoint).
@@ -365,6 +371,7 @@ class LocalBackend:
             time.sleep(0.2)
         for pid in pids:
             _signal_group(pid, signal.SIGKILL)
+        self.limiter.release_all(self._cgroup_name(job_id, ""))
         return True
 
     def _node_logs(self, job_id: str) -> list[Path]:
