@@ -200,3 +200,31 @@ def test_a_sandboxed_trainer_connects_to_its_report_port_and_not_to_another_loca
     assert ended.succeeded, logs
     assert f"probe connect {service_port} denied 13" in logs, logs  # EACCES: Landlock refused it
     assert f"probe connect {report_port} allowed" in logs, logs
+
+
+@pytest.mark.parametrize(("version", "written", "oom_file", "oom_text", "peak_file"), [
+    pytest.param(2, {"memory/n/memory.max": "1073741824", "memory/n/memory.swap.max": "0",
+                     "cpu/n/cpu.max": "150000 100000", "pids/n/pids.max": "1536"},
+                 "memory.events", "low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n", "memory.peak", id="cgroup-v2"),
+    pytest.param(1, {"memory/n/memory.limit_in_bytes": "1073741824", "cpu/n/cpu.cfs_quota_us": "150000",
+                     "cpu/n/cpu.cfs_period_us": "100000", "pids/n/pids.max": "1536"},
+                 "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n", "memory.max_usage_in_bytes",
+                 id="cgroup-v1"),
+])
+def test_a_nodes_cgroups_get_its_resources_in_each_versions_words(tmp_path, version, written, oom_file, oom_text,
+                                                                  peak_file):
+    """The files each cgroup version reads, as a folder (this machine cannot make a cgroup v2 with controllers:
+    the real v1 layer is the OOM test's), and the OOM count and peak read back in each version's format."""
+    parents = {}
+    for controller in ("memory", "cpu", "pids"):
+        parents[controller] = tmp_path / controller
+        parents[controller].mkdir()
+    limiter = confinement.Limiter(f"cgroup v{version}", parents, version=version)
+    node = limiter.node("n", confinement.NodeLimits(memory_bytes=2**30, cpus=1.5, tasks=1536, open_files=8192))
+    assert {path: (tmp_path / path).read_text() for path in written} == written
+    assert node.joins == [str(tmp_path / c / "n" / "cgroup.procs") for c in ("memory", "cpu", "pids")]
+    assert node.rlimits == {"nofile": 8192, "core": 0} and node.oom() is None
+    (tmp_path / "memory" / "n" / oom_file).write_text(oom_text)
+    (tmp_path / "memory" / "n" / peak_file).write_text(str(2**30 + 2**20))
+    assert node.oom().startswith(f"used 1.00 GiB of its 1.00 GiB memory limit (resources.memory_per_node, "
+                                 f"enforced by cgroup v{version})")

@@ -353,7 +353,7 @@ class LocalBackend:
         with self._lock:
             gangs = list(self._gangs.values())
         for gang in gangs:
-            if gang.stop_requested_at and time.monotonic() - gang.stop_requested_at > self.stop_grace_s:
+            if gang.stop_requested_at is not None and time.monotonic() - gang.stop_requested_at > self.stop_grace_s:
                 for process in gang.processes:
                     if process.poll() is None:
                         for pid in confinement.node_processes(process.pid):  # its ranks too: their own sessions
