@@ -288,6 +288,18 @@ class Limiter:
         self.layer, self.version = layer, version
         self.cgroups = dict(cgroups or {})  # controller -> the folder nodes' cgroups are made in
 
+    def describe(self, limits: NodeLimits) -> str:
+        """What holds a node here, in a line for its job's events."""
+        memory = f"memory {_gib(limits.memory_bytes)}"
+        files = f"{limits.open_files} open files per process"
+        if not self.cgroups:
+            return (f"limits per node: {memory} (RLIMIT_DATA and a watchdog), {files}; CPU and processes not "
+                    "limited (no writable cgroup)")
+        held = [memory if "memory" in self.cgroups else "",
+                f"{limits.cpus:g} CPU" if "cpu" in self.cgroups else "",
+                f"{limits.tasks} tasks" if "pids" in self.cgroups else ""]
+        return f"limits per node: {', '.join(h for h in held if h)}, {files}, by {self.layer}"
+
     def release_all(self, prefix: str) -> None:
         """Remove the cgroups named `prefix`* (an earlier server's nodes of one job, found after a restart)."""
         for parent in self.cgroups.values():

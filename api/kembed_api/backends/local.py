@@ -282,9 +282,8 @@ class LocalBackend:
     def _describe(self, limits: confinement.NodeLimits) -> str:
         network = ("network: Landlock (report, storage and rendezvous ports, the ephemeral range)"
                    if self.landlock_network else "network: unrestricted")
-        return (f"limits per node: memory {limits.memory_bytes / 2**30:.2f} GiB, {limits.cpus:g} CPU, "
-                f"{limits.tasks} tasks, {limits.open_files} open files per process, by {self.limiter.layer}; "
-                f"files: {'Landlock' if self.landlock else 'unrestricted'}; {network}")
+        return (f"{self.limiter.describe(limits)}; files: {'Landlock' if self.landlock else 'unrestricted'}; "
+                f"{network}")
 
     def poll(self, job_id: str) -> Exit | None:
         with self._lock:
