@@ -210,15 +210,16 @@ class NodeLimit:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p, signal.SIGKILL)
 
-    def oom(self) -> str | None:
-        """Why the node was killed for memory ("used X of its Y limit"), or None if it was not."""
+    def oom(self, *, refused: bool = False) -> str | None:
+        """Why the node was killed for memory ("used X of its Y limit"), or None if it was not. `refused`: the
+        trainer said an allocation failed (exit code 3): under RLIMIT_DATA that is the limit speaking too."""
         if self.watched:
             killed, peak = self.killed_for_memory, self.peak_bytes
         elif self.dirs:
             killed, peak = _cgroup_oom(self.dirs[0])
         else:
             return None
-        if not killed:
+        if not (killed or refused):
             return None
         used = f"used {_gib(peak)}" if peak else "reached"
         return (f"{used} of its {_gib(self.limits.memory_bytes)} memory limit (resources.memory_per_node, "

@@ -96,20 +96,24 @@ def test_a_job_past_its_memory_is_oom_killed_while_another_job_trains_on(limits,
     hog["resources"]["memory_per_node"] = "1Gi"
     # 40 million rows x 8 floats: 1.2 GiB of weights alone, written as it is initialised.
     hog["trainer"]["embeddings"]["tables"][0]["num_embeddings"] = 40_000_000
-    small = make_spec("small").with_steps(200).build()
+    small = make_spec("small").with_steps(3000, checkpoint_every=0).build()
     backend = LocalBackend(data_dir=tmp_path / "data", slots=2, sandbox="off", stop_grace_s=10, limits=limits)
     with report_sink() as url:
         _launch(backend, "small-a1b2c", small, url)
-        _launch(backend, "hog-d3e4f", hog, url)
         try:
+            deadline = time.monotonic() + 300
+            while '"event": "progress"' not in backend.read_logs("small-a1b2c", tail_lines=5):
+                assert time.monotonic() < deadline, "the small job never trained"
+                time.sleep(0.5)
+            _launch(backend, "hog-d3e4f", hog, url)  # while the small job trains
             hogged = _wait(backend, "hog-d3e4f")
-            assert backend.poll("small-a1b2c") is None, "the other job ended with the hog"
             trained = _wait(backend, "small-a1b2c")
         finally:
             backend.shutdown()
     assert (hogged.succeeded, hogged.retryable, hogged.reason) == (False, False, OOM_KILLED), hogged
-    assert "out of memory" in hogged.message and "1.00 GiB" in hogged.message, hogged.message
+    assert "out of memory" in hogged.message and "of its 1.00 GiB memory limit" in hogged.message, hogged.message
     assert trained.succeeded, trained.message
+    assert '"step": 3000' in backend.read_logs("small-a1b2c")
 
 
 def _environ(pid: int) -> dict[str, str]:

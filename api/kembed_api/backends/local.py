@@ -310,7 +310,7 @@ class LocalBackend:
             return Exit(succeeded=True, retryable=False, reason="Completed", message="all trainers exited 0")
         failures = []
         for i in failed:
-            out_of_memory = gang.limits[i].oom()
+            out_of_memory = gang.limits[i].oom(refused=codes[i] == runtime.EXIT_OUT_OF_MEMORY)
             said = runtime.read_termination_message(self._termination_log(job_id, i))
             if out_of_memory and said:
                 out_of_memory = f"{out_of_memory}; the trainer said: {said}"
