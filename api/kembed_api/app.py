@@ -53,7 +53,9 @@ def _make_backend(settings: Settings) -> Backend:
             credentials = TenantCredentials.connect(endpoint_url=settings.s3_iam_endpoint_url,
                                                     user_prefix=settings.s3_iam_user_prefix)
         return LocalBackend(data_dir=settings.data_dir, slots=settings.local_slots, sandbox=settings.trainer_sandbox,
-                            stop_grace_s=settings.stop_grace_s, credentials=credentials)
+                            stop_grace_s=settings.stop_grace_s, credentials=credentials,
+                            server_s3_credentials=settings.trainer_server_s3_credentials,
+                            limits=settings.trainer_limits, log_bytes_per_node=settings.trainer_log_bytes_per_node)
     from kembed_api.backends.kubernetes import (
         KubernetesBackend,  # imports the kubernetes client only when used
     )

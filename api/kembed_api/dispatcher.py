@@ -340,6 +340,8 @@ class Dispatcher:
             return
         job.report_token_hash, job.backend_state = token_hash, backend_state
         processes = f"{spec.resources.num_processes} trainer processes on {spec.resources.nodes} node(s)"
+        if isinstance(backend_state, dict) and backend_state.get("confinement"):
+            processes += f" ({backend_state['confinement']})"  # which layers enforce its limits here
         if resuming:
             transitions.transition(session, job, JobState.RUNNING, reason="Resumed",
                                message=f"{processes}, resuming from the latest complete checkpoint", now=self.clock())

@@ -76,10 +76,32 @@ class Settings(MintingSettings, BaseSettings):
         "key instead of this server's AWS credentials, which mint it. Needs s3:// storage and IAM rights; off for "
         "the file:// default. (On Kubernetes the operator mints: KEMBED_OPERATOR_S3_MINT_CREDENTIALS.)",
     )
+    trainer_server_s3_credentials: bool = Field(
+        False,
+        description="Give the local backend's trainers this server's own AWS credentials (the AWS_* credential "
+        "variables of its environment: keys, session token, profile). For a single-team installation with s3:// "
+        "storage that does not mint per-tenant keys: every trainer can then reach whatever the server's key can. "
+        "Off: trainers get only a minted key (s3_mint_credentials) or none, never the server's (docs/security.md).",
+    )
+    trainer_limits: Literal["auto", "cgroup", "rlimit"] = Field(
+        "auto",
+        description="How the local backend enforces each node's resources (memory_per_node, cpu_per_node, "
+        "processes, open files; docs/security.md#limits): auto = a cgroup (v2 delegated, else v1) where this "
+        "server may make one, else rlimits and a memory watchdog; cgroup = refuse to start without one; rlimit = "
+        "rlimits and the watchdog even where cgroups exist.",
+    )
+    trainer_log_bytes_per_node: int = Field(
+        16 * 2**20,
+        ge=4096,
+        description="Bytes of each trainer node's log kept on disk by the local backend; beyond it the oldest half "
+        "is dropped (a line says how much). 16 MiB keeps ~60,000 progress records, far more than a job's "
+        "`log_every` usually writes, and bounds a flood to 16 MiB x nodes per job.",
+    )
     trainer_sandbox: Literal["auto", "landlock", "off"] = Field(
         "auto",
         description="The local backend's kernel sandbox for trainers (docs/security.md): landlock = every trainer "
-        "runs under Landlock, reading and writing only its tenant's folders, never the data dir (the server "
+        "runs under Landlock, reading and writing only its tenant's folders, never the data dir, and (Linux 6.7+) "
+        "connecting only to the report, storage and rendezvous ports and the ephemeral range (the server "
         "refuses to start without it); auto = Landlock where the kernel has it, else a warning at start; off = "
         "none (the storage policy is still enforced by the API and the trainer).",
     )
@@ -178,6 +200,13 @@ class Settings(MintingSettings, BaseSettings):
             if not -1000 <= value <= 1000 or not name or len(name) > 32:
                 raise ValueError(f"priority_classes: {name!r}: a name of 1-32 characters and a priority "
                                  "between -1000 and 1000")
+        return self
+
+    @model_validator(mode="after")
+    def _one_source_of_s3_credentials(self) -> Settings:
+        if self.s3_mint_credentials and self.trainer_server_s3_credentials:
+            raise ValueError("s3_mint_credentials and trainer_server_s3_credentials: choose one; minted keys give "
+                             "each tenant's trainers only their own prefixes")
         return self
 
     @model_validator(mode="after")

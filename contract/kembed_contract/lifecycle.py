@@ -18,7 +18,9 @@ Exit codes decide failures (the yardstick is Kubeflow Trainer's ExitCode restart
 their reason are kembed_contract.runtime.EXIT_REASONS), 128-255 retryable (killed by a signal: 137
 SIGKILL or the OOM killer, 143 SIGTERM after a checkpoint). One gang fails together, so collateral failures
 (nodes stopped because a peer failed, pods being deleted or evicted) do not decide; one retryable failure
-explains its peers' exits; only a gang whose deciding failures are all permanent fails at once. A retryable
+explains its peers' exits; only a gang whose deciding failures are all permanent fails at once. A node that ran
+out of memory (killed for its memory limit, or exit 3: an allocation refused) fails the gang at once, reason
+`OOMKilled`, whatever else failed: the same job at the same size would only run out again. A retryable
 failure restarts the gang while restarts are left (`max_restarts`, spent by whoever restarts the gang: the
 dispatcher for local processes, the operator on Kubernetes, never both).
 """
@@ -44,6 +46,7 @@ __all__ = [
     "InvalidTransition",
     "JobState",
     "Tone",
+    "OOM_KILLED",
     "Verdict",
     "after_failure",
     "check_transition",
@@ -144,6 +147,9 @@ def describe_exit_code(code: int | None) -> str:
     return f"exit code {code}"
 
 
+OOM_KILLED = "OOMKilled"  # the reason of a gang failed for memory (Kubernetes' own word for a container's end)
+
+
 @dataclass(frozen=True)
 class Failure:
     """One failed node of a gang: a pod, or a local torchrun process."""
@@ -154,6 +160,13 @@ class Failure:
     collateral: bool = False  # it ended because it was being stopped (a peer failed, deletion, eviction)
     finished_at: datetime | None = None
     message: str = ""  # the trainer's own one-line reason (its termination log), when it wrote one
+    # Killed for its memory limit (the kernel's OOM killer in its cgroup, the local backend's watchdog, a pod's
+    # OOMKilled); `message` then says the limit and the peak.
+    out_of_memory: bool = False
+
+    @property
+    def ran_out_of_memory(self) -> bool:
+        return self.out_of_memory or self.exit_code == runtime.EXIT_OUT_OF_MEMORY
 
 
 @dataclass(frozen=True)
@@ -170,6 +183,11 @@ def judge(failures: Iterable[Failure]) -> Verdict:
     if not deciding:
         names = ", ".join(f.name for f in failed) or "the gang"
         return Verdict(True, "GangDisrupted", f"{names} ended while being stopped or evicted")
+    out_of_memory = [f for f in deciding if f.ran_out_of_memory]
+    if out_of_memory:
+        first = out_of_memory[0]
+        return Verdict(False, OOM_KILLED, f"{first.name} (node rank {first.index}) ran out of memory"
+                       + (f": {first.message}" if first.message else f" ({describe_exit_code(first.exit_code)})"))
     retryable = [f for f in deciding if is_retryable_exit_code(f.exit_code)]
     if retryable:
         first = retryable[0]

@@ -44,6 +44,7 @@ __all__ = [
     "EXIT_BAD_CONFIG",
     "EXIT_OK",
     "EVAL_SCORE_CHUNK_BYTES",
+    "EXIT_OUT_OF_MEMORY",
     "EXPORT_FORMATS",
     "EXIT_REASONS",
     "EXIT_STOPPED",
@@ -72,6 +73,9 @@ EXIT_BAD_CONFIG = 2
 # A checkpoint would have taken the tenant past its storage quota (ENV_STORAGE_BUDGET): that save was dropped, the
 # earlier checkpoints are intact. Permanent: a restart would only fail the same way until someone frees space.
 EXIT_STORAGE_QUOTA = 3
+# An allocation failed: the process reached its memory limit (an rlimit, a GPU's memory) and said so instead of
+# being killed. Retrying at the same size cannot help; the reason (how much it asked for) is in the termination log.
+EXIT_OUT_OF_MEMORY = 4
 EXIT_STOPPED = 128 + signal.SIGTERM  # 143: stopped by SIGTERM after saving a checkpoint (resumes from it)
 # Permanent exits whose code alone names why: the job's reason (kembed_contract.lifecycle.judge); any other
 # permanent exit is TrainerExitedPermanently, with the termination log's line as its message.

@@ -43,6 +43,7 @@ class PodView:
     exit_code: int | None  # of the first terminated container, once Failed/Succeeded
     finished_at: datetime.datetime | None
     termination_message: str = ""  # what that container wrote to its terminationMessagePath (why it failed)
+    oom_killed: bool = False  # the kubelet says that container was killed for its memory limit
 
     @property
     def running(self) -> bool:
@@ -52,7 +53,10 @@ class PodView:
         """This failed pod as the lifecycle's exit policy sees it (a pod being deleted or evicted is collateral)."""
         return lifecycle.Failure(name=f"pod {self.name}", index=self.index, exit_code=self.exit_code,
                                  collateral=self.deleting or self.disrupted, finished_at=self.finished_at,
-                                 message=self.termination_message)
+                                 message=self.termination_message or (
+                                     "killed for its memory limit (resources.memory_per_node)" if self.oom_killed
+                                     else ""),
+                                 out_of_memory=self.oom_killed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +85,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
     scheduled = conditions.get("PodScheduled") or {}
     unschedulable = scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
     pull_failure, pull_message, exit_code, finished_at, termination_message = None, "", None, None, ""
+    oom_killed = False
     for container in status.get("containerStatuses") or []:
         state = container.get("state") or {}
         waiting = state.get("waiting") or {}
@@ -90,6 +95,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         if terminated and exit_code is None:
             exit_code, finished_at = terminated.get("exitCode"), parse_time(terminated.get("finishedAt"))
             termination_message = (terminated.get("message") or "").strip()
+            oom_killed = terminated.get("reason") == lifecycle.OOM_KILLED
     disrupted = (conditions.get("DisruptionTarget") or {}).get("status") == "True" or status.get("reason") in (
         "Evicted", "NodeLost", "Preempting", "Terminated", "Shutdown")
     try:
@@ -104,6 +110,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         unschedulable_message=scheduled.get("message", "") if unschedulable else "",
         image_pull_failure=pull_failure, image_pull_message=pull_message,
         exit_code=exit_code, finished_at=finished_at, termination_message=termination_message,
+        oom_killed=oom_killed,
     )
 
 

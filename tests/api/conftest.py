@@ -86,6 +86,9 @@ class FakeBackend:
     def log_bytes(self, job_id: str) -> int:
         return 0
 
+    def stream_logs(self, job_id: str):
+        yield from ()
+
     def shutdown(self) -> None:
         pass
 

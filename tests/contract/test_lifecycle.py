@@ -44,8 +44,9 @@ def test_a_preempted_job_holds_its_admission_until_its_trainers_stop():
     assert JobState.PREEMPTED in lifecycle.ACTIVE_STATES and JobState.QUEUED not in lifecycle.ACTIVE_STATES
 
 
-def _node(index: int, code: int | None, *, collateral: bool = False) -> lifecycle.Failure:
-    return lifecycle.Failure(name=f"node {index}", index=index, exit_code=code, collateral=collateral)
+def _node(index: int, code: int | None, *, collateral: bool = False, oom: bool = False) -> lifecycle.Failure:
+    return lifecycle.Failure(name=f"node {index}", index=index, exit_code=code, collateral=collateral,
+                             out_of_memory=oom)
 
 
 @pytest.mark.parametrize(("failures", "retryable", "reason"), [
@@ -58,6 +59,12 @@ def _node(index: int, code: int | None, *, collateral: bool = False) -> lifecycl
                  id="collateral-sigterm-does-not-excuse-a-crash"),
     pytest.param([_node(0, 3), _node(1, 143, collateral=True)], False, "StorageQuotaExceeded",
                  id="over-the-storage-quota-names-its-reason"),
+    pytest.param([_node(0, 137, oom=True)], False, "OOMKilled", id="killed-for-memory-is-not-retried"),
+    pytest.param([_node(0, 4)], False, "OOMKilled", id="an-allocation-refused-is-out-of-memory"),
+    pytest.param([_node(0, 137), _node(1, 137, oom=True)], False, "OOMKilled",
+                 id="out-of-memory-decides-over-a-peers-kill"),
+    pytest.param([_node(0, 137, oom=True, collateral=True)], True, "GangDisrupted",
+                 id="a-node-stopped-by-us-decides-nothing"),
 ])
 def test_one_exit_code_policy(failures, retryable, reason):
     verdict = lifecycle.judge(failures)

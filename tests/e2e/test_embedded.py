@@ -24,6 +24,8 @@ def test_a_job_submitted_over_http_trains_to_succeeded(server):
 
     assert done["state"] == "SUCCEEDED", done["message"]
     assert [e["reason"] for e in done["events"]] == ["Submitted", "Admitted", "Started", "Completed"]
+    started = done["events"][2]["message"]  # which layers hold the trainers (docs/security.md#trainers)
+    assert "limits per node: memory 2.00 GiB" in started and "network:" in started, started
     assert done["progress"]["step"] == done["progress"]["total_steps"] == 60
     assert done["result"]["auc"] > 0.6  # the planted signal is learnt
     checkpoint = file_uri_path(done["checkpoint"])

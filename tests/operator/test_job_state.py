@@ -55,6 +55,16 @@ def test_a_pods_termination_message_is_read_from_its_terminated_container():
     assert (view.exit_code, view.termination_message) == (2, "data error: no files at s3://b/x")
 
 
+def test_a_pod_the_kubelet_killed_for_memory_fails_the_job_oomkilled_without_a_restart():
+    view = pod_view({"metadata": {"name": "j-1", "annotations": {}}, "status": {"phase": "Failed", "containerStatuses": [
+        {"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}})
+    pods = [pod(0, "Failed", exit_code=137, finished_at=NOW),
+            dataclasses.replace(view, index=1, finished_at=NOW)]
+    plan = decide(spec=spec(), status=RUNNING, generation=1, batch_job=job(), pods=pods, now=NOW, settings=SETTINGS)
+    assert (plan.status["phase"], plan.status["reason"]) == ("FAILED", "OOMKilled")
+    assert "memory limit" in plan.status["message"] and plan.action is not Action.DELETE_GANG
+
+
 def test_a_new_job_creates_its_gang_and_is_admitted():
     plan = decide(spec=spec(), status={}, generation=1, batch_job=None, pods=[], now=NOW, settings=SETTINGS)
     assert plan.action is Action.CREATE_GANG

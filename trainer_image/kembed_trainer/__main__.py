@@ -2,7 +2,8 @@
 
 Exit codes (kembed_contract.runtime): 0 done; 2 bad input, the config or the data (one line naming the field or
 the column, also written to the termination log), a URI outside the storage policy included; 3 a checkpoint
-would have passed the tenant's storage quota (the reason in the termination log); 143 stopped by SIGTERM after a
+would have passed the tenant's storage quota (the reason in the termination log); 4 out of memory (an
+allocation refused: the limit and the size asked for in the termination log); 143 stopped by SIGTERM after a
 checkpoint.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 
 from kembed_contract import runtime, storage_policy
 from kembed_contract import trainer_config as config
@@ -28,6 +30,13 @@ def _bad_input(message: str) -> int:
     print(message, file=sys.stderr, flush=True)
     runtime.write_termination_message(message)
     return runtime.EXIT_BAD_CONFIG
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """An allocation refused: Python's and NumPy's MemoryError; torch's CPU allocator raises a RuntimeError that
+    says "can't allocate memory" (torch 2.13), its GPU allocator torch.OutOfMemoryError."""
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         runtime.write_termination_message(message)
         return runtime.EXIT_STORAGE_QUOTA
     except Exception as exc:
+        if _out_of_memory(exc):
+            traceback.print_exc()
+            runtime.write_termination_message(f"{type(exc).__name__}: {exc}".splitlines()[0])
+            return runtime.EXIT_OUT_OF_MEMORY
         # A crash keeps its traceback (and exit 1), but the job's message is its one line, not the launcher's.
         runtime.write_termination_message(f"{type(exc).__name__}: {exc}".splitlines()[0])
         raise

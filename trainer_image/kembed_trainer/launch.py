@@ -5,7 +5,8 @@ permanent), a crash (1, permanent) and a kill (137) or a SIGTERM checkpoint (143
 and the local backend both run it as `python -m kembed_trainer.launch <torchrun arguments>`: the same
 arguments, the same launch code (torch.distributed.run.run), but the process then exits with
 - the first failed worker's exit code (128 + N when a signal N killed it), or 2 when any worker exited 2 (bad
-  config or data: its peers then often fail only because it left, and sometimes before it is noticed),
+  config or data: its peers then often fail only because it left, and sometimes before it is noticed), or else 3
+  when any worker ran out of memory (for the same reason),
 - 128 + N when the launcher itself got signal N (SIGTERM: the workers were asked to checkpoint and stop),
 - 0 when every worker succeeded.
 """
@@ -13,7 +14,7 @@ arguments, the same launch code (torch.distributed.run.run), but the process the
 import signal
 import sys
 
-from kembed_contract.runtime import EXIT_BAD_CONFIG
+from kembed_contract.runtime import EXIT_BAD_CONFIG, EXIT_OUT_OF_MEMORY
 
 
 def main(argv=None):
@@ -24,8 +25,9 @@ def main(argv=None):
     try:
         run(parse_args(argv))
     except ChildFailedError as failed:
-        bad_input = sorted((r, f) for r, f in failed.failures.items() if f.exitcode == EXIT_BAD_CONFIG)
-        rank, failure = bad_input[0] if bad_input else failed.get_first_failure()
+        telling = [sorted((r, f) for r, f in failed.failures.items() if f.exitcode == code)
+                   for code in (EXIT_BAD_CONFIG, EXIT_OUT_OF_MEMORY)]
+        rank, failure = next((t[0] for t in telling if t), None) or failed.get_first_failure()
         code = failure.exitcode
         code = 128 - code if code < 0 else code  # a negative exit code is the signal that ended the worker
         print(f"kembed launcher: rank {rank} failed, exit code {code}", file=sys.stderr, flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -101,7 +102,10 @@ class Backend(Protocol):
         """
 
     def read_logs(self, job_id: str, *, tail_lines: int | None = None) -> str:
-        """The job's logs, oldest first."""
+        """The job's logs, oldest first; `tail_lines`: only the last lines of each node (read from the end)."""
+
+    def stream_logs(self, job_id: str) -> Iterator[bytes]:
+        """The job's whole logs (what is kept of them), oldest first, in chunks: never whole in memory."""
 
     def log_bytes(self, job_id: str) -> int:
         """Bytes of the job's logs this backend keeps (its tenant's storage); 0 where it keeps none."""

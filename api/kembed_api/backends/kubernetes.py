@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, assert_never
 
 from kubernetes import client, config
@@ -267,6 +268,10 @@ class KubernetesBackend:
                 text = f"(no logs: {error.reason})\n"
             parts.append(f"=== pod {pod.metadata.name} ===\n{text}")
         return "".join(parts)
+
+    def stream_logs(self, job_id: str) -> Iterator[bytes]:
+        # Pod by pod: the kubelet bounds each container's log (containerLogMaxSize, 10 MiB by default).
+        yield self.read_logs(job_id).encode()
 
     def shutdown(self) -> None:
         pass  # nothing runs inside the API process

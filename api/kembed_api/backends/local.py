@@ -1,8 +1,9 @@
 """The embedded default: each job is `nodes` torchrun processes on this machine (gloo on CPU).
 
 Every node of the gang is its own torchrun in its own process group (so SIGTERM reaches every rank at once),
-logging to <data_dir>/logs/<job>/node-<i>.log. Child processes never outlive the server: a graceful stop
-SIGTERMs them (they checkpoint), and a server that died is cleaned up by `reclaim` on its next start.
+confined (kembed_api.confinement: its environment, Landlock, its resource limits) and logging through a pipe to
+<data_dir>/logs/<job>/node-<i>.log, bounded (backends.node_logs). Child processes never outlive the server: a
+graceful stop SIGTERMs them (they checkpoint), and a server that died is cleaned up by `reclaim` on its next start.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from kembed_api import confinement
 from kembed_api.admission import Quota
+from kembed_api.backends import node_logs
 from kembed_api.backends.base import Exit, Launch
 from kembed_api.ports import free_port
 from kembed_contract import lifecycle, runtime
@@ -42,10 +45,17 @@ __all__ = ["LocalBackend"]
 _LAUNCHER = (sys.executable, "-m", runtime.LAUNCHER_MODULE)
 
 
+# How long poll waits for a node's last output to reach its log after the node exited (the log writer ends when
+# the last holder of the pipe does: ranks the node started go with it).
+_LOG_DRAIN_S = 5.0
+DEFAULT_LOG_BYTES_PER_NODE = 16 * 2**20
+
+
 @dataclass
 class _Gang:
     processes: list[subprocess.Popen]
-    log_files: list[Any]
+    pumps: list[subprocess.Popen]  # each node's log writer (backends.node_logs)
+    limits: list[confinement.NodeLimit]
     stop_requested_at: float | None = None
     collateral: set[int] = field(default_factory=set)  # nodes stopped by us: their exits do not decide
 
@@ -76,10 +86,13 @@ def machine_cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def _trainer_environ() -> dict[str, str]:
-    """The server's environment without its own settings (KEMBED_*: the bootstrap admin token, the database URL
-    with its password, ...): a trainer needs none of them, and can read its own environment."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("KEMBED_")}
+def _write_anew(path: Path, text: str) -> None:
+    """Write a file into a folder the trainers of an earlier attempt could write: whatever they left at `path`
+    (a symlink to the database, say) is removed, never followed, and the file is created afresh."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -90,17 +103,31 @@ def _signal_group(pid: int, sig: int) -> None:
 class LocalBackend:
     def __init__(self, *, data_dir: Path, slots: int, stop_grace_s: float = 60.0,
                  memory_bytes: int | None = None, cpus: int | None = None, sandbox: str = "auto",
-                 credentials: TenantCredentials | None = None) -> None:
+                 credentials: TenantCredentials | None = None, server_s3_credentials: bool = False,
+                 limits: str = "auto", log_bytes_per_node: int = DEFAULT_LOG_BYTES_PER_NODE) -> None:
         """`memory_bytes`, `cpus`: what this machine offers its trainers (measured when not given). `sandbox`:
         auto, landlock or off (Settings.trainer_sandbox); raises RuntimeError for landlock without a kernel that
-        has it. `credentials`: mint each tenant's own S3 key for its trainers (Settings.s3_mint_credentials);
-        None = trainers use this server's AWS credentials, as a single-team installation does."""
-        self.landlock = sandbox != "off" and landlock.abi_version() > 0
+        has it. `credentials`: mint each tenant's own S3 key for its trainers (Settings.s3_mint_credentials).
+        `server_s3_credentials`: give trainers this server's AWS credentials instead (a single-team installation,
+        Settings.trainer_server_s3_credentials); with neither, trainers hold no credentials. `limits`: auto,
+        cgroup or rlimit (Settings.trainer_limits); raises RuntimeError for cgroup where none is writable.
+        `log_bytes_per_node`: what each node's log keeps on disk (Settings.trainer_log_bytes_per_node)."""
+        abi = landlock.abi_version()
+        self.landlock = sandbox != "off" and abi > 0
+        self.landlock_network = self.landlock and abi >= landlock.NET_ABI
         if sandbox == "landlock" and not self.landlock:
             raise RuntimeError("KEMBED_TRAINER_SANDBOX=landlock, but this kernel has no Landlock (Linux 5.13+)")
         if sandbox == "auto" and not self.landlock:
             log.warning("this kernel has no Landlock: trainers run without a sandbox (the storage policy is still "
                         "enforced by the API and the trainers); see docs/security.md")
+        elif self.landlock and not self.landlock_network:
+            log.warning("this kernel's Landlock (ABI %d) has no network rules (ABI 4, Linux 6.7): trainers may "
+                        "connect to any port; see docs/security.md", abi)
+        self.limiter = confinement.detect_limiter(limits)
+        log.info("local trainers are limited by %s; their network by %s", self.limiter.layer,
+                 "Landlock" if self.landlock_network else "nothing")
+        self.server_s3_credentials = server_s3_credentials
+        self.log_bytes_per_node = log_bytes_per_node
         self.data_dir = data_dir
         self.slots = slots
         self.memory_bytes = memory_bytes or machine_memory_bytes()
@@ -169,6 +196,10 @@ class LocalBackend:
     def _log_dir(self, job_id: str) -> Path:
         return self.data_dir / "logs" / job_id
 
+    @staticmethod
+    def _cgroup_name(job_id: str, node_rank: int | str) -> str:
+        return f"kembed-{job_id}-{node_rank}"
+
     def _termination_log(self, job_id: str, node_rank: int) -> Path:
         """Where node `node_rank`'s first failing rank writes why (runtime.ENV_TERMINATION_LOG)."""
         return self._job_dir(job_id) / f"node-{node_rank}.termination-log"
@@ -178,18 +209,24 @@ class LocalBackend:
         job_dir.mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)
         config_path = job_dir / "trainer.yaml"
-        config_path.write_text(yaml.safe_dump(launch.spec.trainer.model_dump(mode="json"), sort_keys=False))
+        _write_anew(config_path, yaml.safe_dump(launch.spec.trainer.model_dump(mode="json"), sort_keys=False))
+        scratch = job_dir / "tmp"  # the trainers' home, temporary files and numba's cache: their own, per job
+        scratch.mkdir(exist_ok=True)
 
         resources = launch.spec.resources
         port = free_port()
+        base_env = confinement.trainer_environ(os.environ, scratch=scratch, server_s3_credentials=False)
         env = {
-            **_trainer_environ(),
+            **confinement.trainer_environ(os.environ, scratch=scratch,
+                                          server_s3_credentials=self.server_s3_credentials),
             runtime.ENV_JOB_ID: launch.job_id,
             runtime.ENV_REPORT_URL: launch.report_url,
             runtime.ENV_REPORT_TOKEN: launch.report_token,
             "PYTHONUNBUFFERED": "1",
-            # Share the cores among this job's ranks instead of letting each grab all of them.
-            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // resources.num_processes)),
+            # Share the cores among this job's ranks instead of letting each grab all of them, and no more threads
+            # than the node's CPU limit lets run at once (more would only wait their turn).
+            "OMP_NUM_THREADS": str(max(1, min((os.cpu_count() or 1) // resources.num_processes,
+                                              int(resources.cpu_per_node // resources.procs_per_node)))),
         }
         if launch.storage_policy is not None:
             env[POLICY_ENV] = launch.storage_policy.to_json()
@@ -199,55 +236,64 @@ class LocalBackend:
             # Fail closed: with minting on, a job without a policy would get no key, never the platform's.
             policy = launch.storage_policy or StoragePolicy()
             env = trainer_environ(env, self._tenant_key(launch.tenant, policy))
-        sandboxed: list[str] = []
+        files = network = None
         if self.landlock:
-            scratch = job_dir / "tmp"  # the trainers' temporary files and numba's cache: their own, per job
-            scratch.mkdir(exist_ok=True)
-            env.update(TMPDIR=str(scratch), NUMBA_CACHE_DIR=str(scratch), PYTHONDONTWRITEBYTECODE="1")
-            sandboxed = self._sandbox_command(job_dir, launch.storage_policy)
-        processes, log_files = [], []
-        for node_rank in range(resources.nodes):
-            termination_log = self._termination_log(launch.job_id, node_rank)
-            termination_log.unlink(missing_ok=True)  # an earlier attempt's reason
-            log = open(log_dir / f"node-{node_rank}.log", "ab")  # noqa: SIM115 (kept open while the node runs)
-            log.write(f"=== attempt {launch.attempt} of job {launch.job_id}, node {node_rank} ===\n".encode())
-            log.flush()
-            command = runtime.node_command(
-                _LAUNCHER, nnodes=resources.nodes, node_rank=node_rank, nproc_per_node=resources.procs_per_node,
-                master_addr="127.0.0.1", master_port=port, rdzv_id=launch.job_id, config=str(config_path),
-            )
-            node_env = {**env, runtime.ENV_TERMINATION_LOG: str(termination_log)}
-            processes.append(
-                subprocess.Popen([*sandboxed, *command], env=node_env, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, cwd=job_dir, start_new_session=True)
-            )
-            log_files.append(log)
+            files = confinement.landlock_file_rules(data_dir=self.data_dir, job_dir=job_dir,
+                                                    policy=launch.storage_policy)
+        if self.landlock_network:
+            network = confinement.network_rules(report_url=launch.report_url, rendezvous_port=port, environ=env,
+                                                policy=launch.storage_policy)
+        limits = confinement.node_limits(resources)
+        processes, pumps, node_limits = [], [], []
+        try:
+            for node_rank in range(resources.nodes):
+                termination_log = self._termination_log(launch.job_id, node_rank)
+                termination_log.unlink(missing_ok=True)  # an earlier attempt's reason
+                limit = self.limiter.node(self._cgroup_name(launch.job_id, node_rank), limits)
+                node_limits.append(limit)
+                command = runtime.node_command(
+                    _LAUNCHER, nnodes=resources.nodes, node_rank=node_rank, nproc_per_node=resources.procs_per_node,
+                    master_addr="127.0.0.1", master_port=port, rdzv_id=launch.job_id, config=str(config_path),
+                )
+                sandboxed = confinement.sandbox_command(files=files, network=network, joins=limit.joins,
+                                                        rlimits=limit.rlimits)
+                log_path = node_logs.node_log(log_dir, node_rank)
+                header = node_logs.LogPump(log_path, self.log_bytes_per_node)
+                header.write(f"=== attempt {launch.attempt} of job {launch.job_id}, node {node_rank} ===\n".encode())
+                header.close()
+                node_env = {**env, runtime.ENV_TERMINATION_LOG: str(termination_log)}
+                read_end, write_end = os.pipe()
+                try:
+                    # Its own session, like the node's: a Ctrl-C meant for the server must not end the logs
+                    # while the trainers write their SIGTERM checkpoint.
+                    pumps.append(subprocess.Popen(
+                        node_logs.pump_command(log_path, self.log_bytes_per_node), stdin=read_end,
+                        stdout=subprocess.DEVNULL, env=base_env, start_new_session=True))
+                    processes.append(subprocess.Popen(
+                        [*sandboxed, *command], env=node_env, stdout=write_end, stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL, cwd=job_dir, start_new_session=True))
+                finally:
+                    os.close(read_end)
+                    os.close(write_end)
+        except BaseException:
+            for process in processes:  # a half-started gang would wait for its missing nodes forever
+                _signal_group(process.pid, signal.SIGKILL)
+            for limit in node_limits:
+                limit.release()
+            for pump in pumps:
+                pump.kill()
+            raise
         with self._lock:
-            self._gangs[launch.job_id] = _Gang(processes=processes, log_files=log_files)
-        return {"pids": [p.pid for p in processes], "attempt": launch.attempt}
+            self._gangs[launch.job_id] = _Gang(processes=processes, pumps=pumps, limits=node_limits)
+        described = self._describe(limits)
+        log.info("job %s attempt %d: %s", launch.job_id, launch.attempt, described)
+        return {"pids": [p.pid for p in processes], "attempt": launch.attempt, "confinement": described}
 
-    def _sandbox_command(self, job_dir: Path, policy: StoragePolicy | None) -> list[str]:
-        """`python -m kembed_platform.sandbox --read .. --write .. --`: Landlock around the node's whole gang.
-
-        Readable: the system, this interpreter and its packages, the job's folder, the policy's local prefixes;
-        writable: the job's folder, the tenant's own checkpoint folder, the policy's local write prefixes. The
-        data dir (the database, tokens, logs, other jobs) and the checkpoint root (other tenants) stay out, also
-        where a granted folder contains them."""
-        def local(uris) -> list[str]:
-            return [u.removeprefix("file://") for u in uris if u.startswith("file://")]
-
-        policy = policy or StoragePolicy()
-        own = local(policy.own)
-        for folder in own:
-            Path(folder).mkdir(parents=True, exist_ok=True)  # Landlock grants only what exists
-        read, write = landlock.rules(
-            read=[*landlock.SYSTEM_READ, *landlock.python_paths(), *local(policy.read), *local(policy.write)],
-            write=[*landlock.SYSTEM_WRITE, *local(policy.write)],
-            denied=[str(self.data_dir), *local(policy.deny)],
-            granted_inside_denied=[str(job_dir), *own],
-        )
-        return [sys.executable, "-m", "kembed_platform.sandbox", *(f"--read={p}" for p in read),
-                *(f"--write={p}" for p in write), "--"]
+    def _describe(self, limits: confinement.NodeLimits) -> str:
+        network = ("network: Landlock (report, storage and rendezvous ports, the ephemeral range)"
+                   if self.landlock_network else "network: unrestricted")
+        return (f"{self.limiter.describe(limits)}; files: {'Landlock' if self.landlock else 'unrestricted'}; "
+                f"{network}")
 
     def poll(self, job_id: str) -> Exit | None:
         with self._lock:
@@ -255,6 +301,9 @@ class LocalBackend:
         if gang is None:
             return Exit(succeeded=False, retryable=True, reason="Lost",
                         message="the trainer processes are gone (the server restarted while they ran)")
+        for process, limit in zip(gang.processes, gang.limits, strict=True):
+            if process.poll() is None:
+                limit.watch(process.pid)
         codes = [_exit_code(p) for p in gang.processes]
         failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
         if failed and any(c is None for c in codes):
@@ -263,16 +312,25 @@ class LocalBackend:
             return None
         if any(c is None for c in codes):
             return None
-        self._forget(job_id)
+        for pump in gang.pumps:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                pump.wait(_LOG_DRAIN_S)
         if not failed:
+            self._forget(job_id)
             return Exit(succeeded=True, retryable=False, reason="Completed", message="all trainers exited 0")
-        verdict = lifecycle.judge(
-            lifecycle.Failure(name=f"node {i}", index=i, exit_code=codes[i], collateral=i in gang.collateral,
-                              message=runtime.read_termination_message(self._termination_log(job_id, i)))
-            for i in failed
-        )
-        if any(runtime.read_termination_message(self._termination_log(job_id, i)) for i in failed):
-            # The trainer said why (the verdict carries it): that is the message, not the launcher's log lines.
+        failures = []
+        for i in failed:
+            out_of_memory = gang.limits[i].oom(refused=codes[i] == runtime.EXIT_OUT_OF_MEMORY)
+            said = runtime.read_termination_message(self._termination_log(job_id, i))
+            if out_of_memory and said:
+                out_of_memory = f"{out_of_memory}; the trainer said: {said}"
+            failures.append(lifecycle.Failure(
+                name=f"node {i}", index=i, exit_code=codes[i], collateral=i in gang.collateral,
+                message=out_of_memory or said, out_of_memory=out_of_memory is not None))
+        self._forget(job_id)
+        verdict = lifecycle.judge(failures)
+        if any(f.message for f in failures):
+            # The trainer (or its limit) said why (the verdict carries it): that is the message, not log lines.
             return Exit(succeeded=False, retryable=verdict.retryable, reason=verdict.reason, message=verdict.message)
         tail = self.read_logs(job_id, tail_lines=12)
         return Exit(succeeded=False, retryable=verdict.retryable, reason=verdict.reason,
@@ -282,8 +340,8 @@ class LocalBackend:
         with self._lock:
             gang = self._gangs.pop(job_id, None)
         if gang:
-            for log in gang.log_files:
-                log.close()
+            for limit in gang.limits:
+                limit.release()
 
     def stop(self, job_id: str) -> None:
         with self._lock:
@@ -304,10 +362,12 @@ class LocalBackend:
         with self._lock:
             gangs = list(self._gangs.values())
         for gang in gangs:
-            if gang.stop_requested_at and time.monotonic() - gang.stop_requested_at > self.stop_grace_s:
+            if gang.stop_requested_at is not None and time.monotonic() - gang.stop_requested_at > self.stop_grace_s:
                 for process in gang.processes:
                     if process.poll() is None:
-                        _signal_group(process.pid, signal.SIGKILL)
+                        for pid in confinement.node_processes(process.pid):  # its ranks too: their own sessions
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(pid, signal.SIGKILL)
 
     def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> bool:
         # Trainers never outlive the server that started them: end what is left (SIGTERM: they checkpoint).
@@ -320,20 +380,25 @@ class LocalBackend:
             time.sleep(0.2)
         for pid in pids:
             _signal_group(pid, signal.SIGKILL)
+        self.limiter.release_all(self._cgroup_name(job_id, ""))
         return True
 
+    def _node_logs(self, job_id: str) -> list[Path]:
+        found = self._log_dir(job_id).glob("node-*.log")
+        return sorted(found, key=lambda p: int(p.stem.removeprefix("node-")) if p.stem[5:].isdigit() else -1)
+
     def read_logs(self, job_id: str, *, tail_lines: int | None = None) -> str:
-        log_dir = self._log_dir(job_id)
-        parts = []
-        for path in sorted(log_dir.glob("node-*.log")):
-            with open(path, errors="replace") as f:
-                lines = deque(f, maxlen=tail_lines) if tail_lines else f.readlines()
-            parts.append("".join(lines))
-        return "".join(parts)
+        if tail_lines is None:
+            return b"".join(self.stream_logs(job_id)).decode(errors="replace")
+        return b"".join(node_logs.read_tail(p, tail_lines) for p in self._node_logs(job_id)).decode(errors="replace")
+
+    def stream_logs(self, job_id: str) -> Iterator[bytes]:
+        for path in self._node_logs(job_id):
+            yield from node_logs.stream(path)
 
     def log_bytes(self, job_id: str) -> int:
         """The job's log files' sizes (a stat each): its tenant's storage counts them."""
-        return sum(path.stat().st_size for path in self._log_dir(job_id).glob("node-*.log"))
+        return sum(path.stat().st_size for path in self._log_dir(job_id).glob("node-*.log*"))  # rotated ones too
 
     def shutdown(self) -> None:
         with self._lock:

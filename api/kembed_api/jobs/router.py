@@ -6,7 +6,7 @@ import os
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
-from fastapi.responses import FileResponse, PlainTextResponse
+from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
 from sqlalchemy import select
 from starlette.background import BackgroundTask
 
@@ -152,7 +152,11 @@ def job_logs(
 ) -> Response:
     with db.session() as session:
         _job_of(session, principal, job_id)
-    return PlainTextResponse(request.app.state.backend.read_logs(job_id, tail_lines=tail))
+    backend = request.app.state.backend
+    if tail is not None:
+        return PlainTextResponse(backend.read_logs(job_id, tail_lines=tail))
+    # Streamed from the files (a sync iterator: Starlette reads it in its thread pool), never whole in memory.
+    return StreamingResponse(backend.stream_logs(job_id), media_type="text/plain; charset=utf-8")
 
 
 def job_checkpoint_uri(raw: dict) -> str | None:
