@@ -212,7 +212,7 @@ class NodeLimit:
 
     def oom(self, *, refused: bool = False) -> str | None:
         """Why the node was killed for memory ("used X of its Y limit"), or None if it was not. `refused`: the
-        trainer said an allocation failed (exit code 3): under RLIMIT_DATA that is the limit speaking too."""
+        trainer said an allocation failed (exit code 4, runtime.EXIT_OUT_OF_MEMORY): under RLIMIT_DATA that is the limit speaking too."""
         if self.watched:
             killed, peak = self.killed_for_memory, self.peak_bytes
         elif self.dirs:

@@ -19,7 +19,7 @@ their reason are kembed_contract.runtime.EXIT_REASONS), 128-255 retryable (kille
 SIGKILL or the OOM killer, 143 SIGTERM after a checkpoint). One gang fails together, so collateral failures
 (nodes stopped because a peer failed, pods being deleted or evicted) do not decide; one retryable failure
 explains its peers' exits; only a gang whose deciding failures are all permanent fails at once. A node that ran
-out of memory (killed for its memory limit, or exit 3: an allocation refused) fails the gang at once, reason
+out of memory (killed for its memory limit, or exit 4: an allocation refused) fails the gang at once, reason
 `OOMKilled`, whatever else failed: the same job at the same size would only run out again. A retryable
 failure restarts the gang while restarts are left (`max_restarts`, spent by whoever restarts the gang: the
 dispatcher for local processes, the operator on Kubernetes, never both).
