@@ -37,10 +37,12 @@ _MEANING = {
     413: "The request body is larger than the server accepts (KEMBED_MAX_BODY_BYTES), or holds more JSON values "
          "than any request needs.",
     422: "The request is invalid; `detail` names the field at fault (NaN and Infinity are never numbers).",
-    429: "The tenant's queue is full (quota.max_queued_jobs).",
+    429: "Too many requests: a rate limit (`Retry-After` says in how many seconds to try again), or for a "
+         "submission the tenant's queue is full (quota.max_queued_jobs).",
 }
-# Statuses any route can answer whatever it does: a body too large, invalid input (query, headers or body).
-_ALWAYS = (413, 422)
+# Statuses any route can answer whatever it does: a body too large, invalid input (query, headers or body), a
+# rate limit.
+_ALWAYS = (413, 422, 429)
 _MAX_ITEMS = 20  # a body with thousands of mistakes gets the first ones, not an answer as large as itself
 
 

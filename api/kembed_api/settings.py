@@ -131,6 +131,34 @@ class Settings(MintingSettings, BaseSettings):
         description="Largest request body accepted, in bytes (413 beyond it, checked before the body is parsed). "
         "A job spec is a few kilobytes; 1 MiB leaves room for large table lists and refuses floods.",
     )
+    # Fair use (kembed_api.ratelimit, docs/api.md#rate-limits). A unit is one request (plus one per 16 KiB of its
+    # body; 10 for exports, neighbours, logs and checkpoint listings). Each worker process counts for itself.
+    rate_limits: bool = Field(
+        True, description="Enforce the rate limits below. Off only for load tests of the API alone.")
+    rate_token_per_s: float = Field(
+        20.0, gt=0, description="Units per second one token (or dashboard session) may spend, sustained. A "
+        "dashboard polling every 2 s spends about 1.5, a CLI following a job about 1: 20 leaves ten times that.")
+    rate_token_burst: float = Field(
+        200.0, ge=70, description="Units one token may spend at once after a quiet while (a script listing "
+        "everything, a sweep of submissions). At least 70: the largest body (1 MiB) costs 65.")
+    rate_tenant_per_s: float = Field(
+        50.0, gt=0, description="Units per second all of a tenant's tokens may spend together, sustained: ~30 "
+        "open dashboards. What one tenant may take of the server (a request costs it 1-2 ms of CPU).")
+    rate_tenant_burst: float = Field(500.0, ge=70, description="Units a tenant may spend at once.")
+    rate_report_per_s: float = Field(
+        20.0, gt=0, description="Reports per second one job's trainer may send, sustained (it reports every "
+        "training.log_every steps, and retries a 429 after a pause, losing nothing).")
+    rate_report_burst: float = Field(200.0, ge=1, description="Reports one job may send at once.")
+    rate_auth_failures_per_s: float = Field(
+        1.0, gt=0, description="Failed sign-ins (401s) per second one client address may have, sustained. An "
+        "address past it gets 429 for requests made without a token that worked before: guessing is bounded.")
+    rate_auth_failures_burst: float = Field(
+        100.0, ge=1, description="Failed sign-ins one address may have at once (mistyped tokens, expired "
+        "sessions of a whole office behind one NAT).")
+    heavy_in_flight_per_tenant: int = Field(
+        4, ge=1, le=64, description="Heavy requests (submissions, exports, neighbours, logs, checkpoint "
+        "listings) one tenant may have under way at once; they run on the worker threads all tenants share "
+        "(40), so one tenant never holds more than a tenth of them.")
     session_ttl_s: float = Field(
         12 * 3600,
         gt=0,

@@ -1,0 +1,222 @@
+"""Fair use of the API: token buckets per token, per tenant and per job's reports, failed sign-ins per address,
+and a cap on each tenant's heavy requests in flight. One member cannot stall the API for everyone else.
+
+A plain ASGI middleware, outermost, so that a refused request costs a hash and a few dictionary lookups: nothing
+of it is read, parsed, validated or looked up in the database. Who is asking is known from the request alone:
+- a bearer token or a dashboard session (its SHA-256, as the token cache keys it): that token's bucket, and its
+  tenant's bucket once the token has been seen to belong to one (the auth dependency notes it, `note_tenant`);
+- `POST /v1/jobs/{id}/reports` (trainers, with a per-job token): that job's bucket;
+- no credentials at all: the client address's bucket, at the token rate.
+Every 401 also costs the client address one unit of its failures bucket; an address whose failures ran out gets
+429 for any request not made with a token already seen to work, so token guessing is bounded, and a team sharing
+a NAT with a guesser keeps working with the tokens it already uses.
+
+A request's cost is one unit, plus one per started 16 KiB of its declared body (validation costs by size), or
+HEAVY_COST for what reads storage or runs long (exports, neighbours, logs, checkpoint listings). Heavy requests,
+submissions included, also count against the tenant's cap in flight: they run on the worker threads every tenant
+shares, and a burst of exports could otherwise hold them all.
+
+The buckets live in this process: with `KEMBED_WORKERS` > 1 each worker process counts for itself (the limits
+apply per process, docs/api.md).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, Hashable, MutableMapping
+from dataclasses import dataclass
+from http.cookies import SimpleCookie
+from typing import Any
+
+from starlette.datastructures import Headers
+
+from kembed_api import errors
+from kembed_api.auth.service import hash_secret
+from kembed_api.dashboard.sessions import COOKIE_NAME
+
+__all__ = ["BODY_BYTES_PER_UNIT", "HEAVY_COST", "Buckets", "Limits", "Rate", "RateLimits", "note_tenant"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+HEAVY_COST = 10  # units of a request that reads storage or runs long
+BODY_BYTES_PER_UNIT = 16_384  # a spec is 1-3 KB (one unit); the largest body, 1 MiB, costs 65
+
+# Paths nothing limits: the liveness probe and the dashboard's static files.
+_EXEMPT = re.compile(r"^/healthz$|^/dashboard/static/")
+_REPORTS = re.compile(r"^/v1/jobs/([^/]+)/reports$")
+_HEAVY_GET = re.compile(r"^/v1/jobs/[^/]+/(export|neighbours|logs|checkpoints)$")
+_SUBMIT = "/v1/jobs"
+_TENANT_NOTE = "kembed.tenant"  # where the auth dependency leaves the caller's tenant, in the request's state
+_MAX_KEYS = 100_000  # buckets and known tokens remembered; past it, full buckets are forgotten first
+
+
+@dataclass(frozen=True)
+class Rate:
+    per_s: float  # units added each second
+    burst: float  # the most a bucket holds: what may be spent at once after a quiet while
+
+
+class Buckets:
+    """Token buckets of one rate, by key. A missing key is a full bucket; the clock is injected (tests do not
+    sleep). Used from the event loop only, so nothing is locked."""
+
+    def __init__(self, rate: Rate, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.clock = rate, clock
+        self._buckets: dict[Hashable, tuple[float, float]] = {}  # key -> (units, when)
+
+    def level(self, key: Hashable) -> float:
+        units, when = self._buckets.get(key, (self.rate.burst, 0.0))
+        return min(self.rate.burst, units + (self.clock() - when) * self.rate.per_s)
+
+    def wait_s(self, key: Hashable, cost: float) -> float:
+        """Seconds until `cost` units are there (0: now). A cost above the burst waits for a full bucket."""
+        missing = min(cost, self.rate.burst) - self.level(key)
+        return 0.0 if missing <= 0 else missing / self.rate.per_s if self.rate.per_s > 0 else math.inf
+
+    def take(self, key: Hashable, cost: float) -> None:
+        """Spend `cost` units (a failure already answered may take the bucket below zero: it refills later)."""
+        if len(self._buckets) >= _MAX_KEYS:
+            self._forget_full()
+        self._buckets[key] = (self.level(key) - min(cost, self.rate.burst), self.clock())
+
+    def _forget_full(self) -> None:
+        full = [k for k in self._buckets if self.level(k) >= self.rate.burst]
+        for key in full or list(self._buckets)[: _MAX_KEYS // 2]:  # none full: the oldest half
+            del self._buckets[key]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What RateLimits enforces (kembed_api.settings.Settings documents each default)."""
+
+    token: Rate
+    tenant: Rate
+    report: Rate
+    auth_failures: Rate
+    heavy_in_flight: int
+
+
+def note_tenant(scope: Scope, tenant_id: int) -> None:
+    """Called by the auth dependency: this request's credentials belong to this tenant."""
+    scope.setdefault("state", {})[_TENANT_NOTE] = tenant_id
+
+
+def _credentials(headers: Headers) -> Hashable | None:
+    scheme, _, secret = headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and secret.strip():
+        return ("token", hash_secret(secret.strip()))
+    if cookie := headers.get("cookie"):
+        jar = SimpleCookie()
+        try:
+            jar.load(cookie)
+        except Exception:  # noqa: BLE001 - a cookie header the server cannot read signs nobody in
+            return None
+        if (morsel := jar.get(COOKIE_NAME)) and morsel.value:
+            return ("session", hash_secret(morsel.value))
+    return None
+
+
+def _cost(method: str, path: str, headers: Headers) -> tuple[float, bool]:
+    """(units, heavy) of a request."""
+    if method == "GET" and _HEAVY_GET.match(path):
+        return HEAVY_COST, True
+    declared = headers.get("content-length", "")
+    size = int(declared) if declared.isdigit() else 0
+    return 1 + -(-size // BODY_BYTES_PER_UNIT), method == "POST" and path == _SUBMIT
+
+
+class RateLimits:
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], *, limits: Limits,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.app, self.limits = app, limits
+        self._callers = Buckets(limits.token, clock=clock)  # tokens, sessions, anonymous addresses
+        self._tenants = Buckets(limits.tenant, clock=clock)
+        self._reports = Buckets(limits.report, clock=clock)
+        self._failures = Buckets(limits.auth_failures, clock=clock)
+        self._known: dict[Hashable, int | None] = {}  # credentials seen to work -> their tenant (None: a job's)
+        self._in_flight: dict[Hashable, int] = {}  # heavy requests under way, by tenant (or credentials)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _EXEMPT.match(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        address = ("address", (scope.get("client") or ("?",))[0])
+        method, path = scope["method"], scope["path"]
+        if report := _REPORTS.match(path) if method == "POST" else None:
+            who: Hashable = ("job", report.group(1))
+            charged = [(self._reports, who, "this job's reports (KEMBED_RATE_REPORT_PER_S)")]
+        else:
+            who = _credentials(headers) or address
+            charged = [(self._callers, who, "this token's requests (KEMBED_RATE_TOKEN_PER_S)"
+                        if who is not address else "this address's requests (KEMBED_RATE_TOKEN_PER_S)")]
+            if (tenant := self._known.get(who)) is not None:
+                charged.append((self._tenants, tenant, "the tenant's requests (KEMBED_RATE_TENANT_PER_S)"))
+        cost, heavy = _cost(method, path, headers)
+        if who not in self._known and (wait := self._failures.wait_s(address, 1)) > 0:
+            await self._refuse(scope, send, wait, "failed sign-ins from this address (KEMBED_RATE_AUTH_FAILURES_"
+                               "PER_S): tokens that worked before still do")
+            return
+        for buckets, key, what in charged:
+            if (wait := buckets.wait_s(key, cost)) > 0:
+                await self._refuse(scope, send, wait, what, limit=buckets.rate)
+                return
+        slot = self._known.get(who) or who
+        if heavy and self._in_flight.get(slot, 0) >= self.limits.heavy_in_flight:
+            await self._refuse(scope, send, 1.0, f"heavy requests in flight for the tenant, at most "
+                               f"{self.limits.heavy_in_flight} (KEMBED_HEAVY_IN_FLIGHT_PER_TENANT)")
+            return
+        for buckets, key, _ in charged:
+            buckets.take(key, cost)
+        buckets, key, _ = charged[0]
+        limit_headers = [(b"ratelimit-limit", str(int(buckets.rate.burst)).encode()),
+                         (b"ratelimit-remaining", str(max(0, int(buckets.level(key)))).encode())]
+        status = 0
+
+        async def send_noting_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), *limit_headers]
+            await send(message)
+
+        if heavy:
+            self._in_flight[slot] = self._in_flight.get(slot, 0) + 1
+        try:
+            await self.app(scope, receive, send_noting_status)
+        finally:
+            if heavy:
+                if (left := self._in_flight[slot] - 1) > 0:
+                    self._in_flight[slot] = left
+                else:
+                    del self._in_flight[slot]
+            self._learn(scope, who, address, status, report is not None)
+
+    def _learn(self, scope: Scope, who: Hashable, address: Hashable, status: int, report: bool) -> None:
+        if status == 401:
+            self._failures.take(address, 1)
+            return
+        tenant = (scope.get("state") or {}).get(_TENANT_NOTE)
+        if tenant is not None or (report and 200 <= status < 300):
+            if len(self._known) >= _MAX_KEYS:
+                self._known.clear()  # relearned on each one's next request; meanwhile limited per token only
+            self._known[who] = tenant
+
+    @staticmethod
+    async def _refuse(scope: Scope, send: Send, wait_s: float, what: str, *, limit: Rate | None = None) -> None:
+        seconds = max(1, math.ceil(min(wait_s, 3600)))
+        headers = {"Retry-After": str(seconds)}
+        if limit is not None:
+            headers |= {"RateLimit-Limit": str(int(limit.burst)), "RateLimit-Remaining": "0"}
+        response = errors.error_response(429, f"too many requests: {what}; retry after {seconds} s",
+                                         headers=headers)
+
+        async def nothing() -> Message:
+            return {"type": "http.disconnect"}
+
+        await response(scope, nothing, send)
