@@ -11,10 +11,13 @@ Every 401 also costs the client address one unit of its failures bucket; an addr
 429 for any request not made with a token already seen to work, so token guessing is bounded, and a team sharing
 a NAT with a guesser keeps working with the tokens it already uses.
 
-A request's cost is one unit, plus one per started 16 KiB of its declared body (validation costs by size), or
-HEAVY_COST for what reads storage or runs long (exports, neighbours, logs, checkpoint listings). Heavy requests,
-submissions included, also count against the tenant's cap in flight: they run on the worker threads every tenant
-shares, and a burst of exports could otherwise hold them all.
+A request's cost is one unit, plus one per 4 KiB of its declared body (validation costs by size: ~0.3 ms of
+CPU per KiB of spec), or
+HEAVY_COST for what reads storage or runs long (exports, neighbours, logs, checkpoint listings); once answered,
+one more unit per 64 KiB of its answer (at most a burst), since building an answer costs by its size too (a page
+of 500 jobs with large specs is 20 MB). Heavy requests, submissions included, also count against the tenant's cap
+in flight: they run on the worker threads every tenant shares, and a burst of exports could otherwise hold them
+all.
 
 The buckets live in this process: with `KEMBED_WORKERS` > 1 each worker process counts for itself (the limits
 apply per process, docs/api.md).
@@ -36,7 +39,7 @@ from kembed_api import errors
 from kembed_api.auth.service import hash_secret
 from kembed_api.dashboard.sessions import COOKIE_NAME
 
-__all__ = ["BODY_BYTES_PER_UNIT", "HEAVY_COST", "Buckets", "Limits", "Rate", "RateLimits", "note_tenant"]
+__all__ = ["ANSWER_BYTES_PER_UNIT", "BODY_BYTES_PER_UNIT", "HEAVY_COST", "Buckets", "Limits", "Rate", "RateLimits", "note_tenant"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -44,7 +47,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 HEAVY_COST = 10  # units of a request that reads storage or runs long
-BODY_BYTES_PER_UNIT = 16_384  # a spec is 1-3 KB (one unit); the largest body, 1 MiB, costs 65
+# A unit is about a millisecond of the server's CPU: a read costs 1-2 ms, a spec of 512 tables (48 KB) 13 ms.
+BODY_BYTES_PER_UNIT = 4096  # a spec of 1-3 KB costs one unit; one of 48 KB, 12 more
+ANSWER_BYTES_PER_UNIT = 65_536  # a page of 50 small jobs is ~100 KB: one more unit
 
 # Paths nothing limits: the liveness probe and the dashboard's static files.
 _EXEMPT = re.compile(r"^/healthz$|^/dashboard/static/")
@@ -79,7 +84,8 @@ class Buckets:
         return 0.0 if missing <= 0 else missing / self.rate.per_s if self.rate.per_s > 0 else math.inf
 
     def take(self, key: Hashable, cost: float) -> None:
-        """Spend `cost` units (a failure already answered may take the bucket below zero: it refills later)."""
+        """Spend `cost` units (at most a burst). What was spent already (an answer sent, a failed sign-in) may
+        take the bucket below zero: it refills later, and the next requests wait."""
         if len(self._buckets) >= _MAX_KEYS:
             self._forget_full()
         self._buckets[key] = (self.level(key) - min(cost, self.rate.burst), self.clock())
@@ -127,7 +133,7 @@ def _cost(method: str, path: str, headers: Headers) -> tuple[float, bool]:
         return HEAVY_COST, True
     declared = headers.get("content-length", "")
     size = int(declared) if declared.isdigit() else 0
-    return 1 + -(-size // BODY_BYTES_PER_UNIT), method == "POST" and path == _SUBMIT
+    return 1 + size // BODY_BYTES_PER_UNIT, method == "POST" and path == _SUBMIT
 
 
 class RateLimits:
@@ -175,12 +181,14 @@ class RateLimits:
             buckets.take(key, cost)
         # The RateLimit-* headers only come with a 429: on every answer, the count left would make two answers
         # differ that must not (another tenant's job answers exactly as a missing one, headers included).
-        status = 0
+        status, answered = 0, 0
 
         async def send_noting_status(message: Message) -> None:
-            nonlocal status
+            nonlocal status, answered
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body":
+                answered += len(message.get("body", b""))
             await send(message)
 
         if heavy:
@@ -194,6 +202,9 @@ class RateLimits:
                 else:
                     del self._in_flight[slot]
             self._learn(scope, who, address, status, report is not None)
+            if extra := answered // ANSWER_BYTES_PER_UNIT:  # paid after: the next requests wait for it
+                for buckets, key, _ in charged:
+                    buckets.take(key, extra)
 
     def _learn(self, scope: Scope, who: Hashable, address: Hashable, status: int, report: bool) -> None:
         if status == 401:

@@ -57,7 +57,8 @@ async def _stand_in(scope, receive, send) -> None:
         if scope["path"].endswith("/export"):
             await RELEASE.wait()
     await send({"type": "http.response.start", "status": status, "headers": []})
-    await send({"type": "http.response.body", "body": b"{}"})
+    size = 3 * ratelimit.ANSWER_BYTES_PER_UNIT if scope["path"] == "/v1/jobs" and status == 200 else 2
+    await send({"type": "http.response.body", "body": b" " * size})
 
 
 def _client(clock: Clock, **overrides) -> httpx.AsyncClient:
@@ -151,5 +152,19 @@ def test_reports_are_limited_per_job_and_a_large_body_costs_more():
             headers = {"Authorization": "Bearer alpha-1"}
             assert (await client.post("/v1/jobs", content=big, headers=headers)).status_code == 200
             assert (await client.post("/v1/jobs", content=big, headers=headers)).status_code == 429
+
+    asyncio.run(run())
+
+
+def test_a_large_answer_is_paid_for_after_it_is_sent():
+    async def run() -> None:
+        clock = Clock()
+        async with _client(clock) as client:
+            assert (await _get(client, "alpha-1", "/v1/jobs")).status_code == 200  # 1 unit, then 3 for the answer
+            assert (await _get(client, "alpha-1")).status_code == 200
+            refused = await _get(client, "alpha-1")
+            assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+            clock.now += 1
+            assert (await _get(client, "alpha-1")).status_code == 200
 
     asyncio.run(run())
