@@ -105,6 +105,7 @@ class Limits:
     report: Rate
     auth_failures: Rate
     heavy_in_flight: int
+    max_body_bytes: int  # a larger body is refused unread (kembed_api.bodies): it costs one unit, not its size
 
 
 def note_tenant(scope: Scope, tenant_id: int) -> None:
@@ -127,13 +128,13 @@ def _credentials(headers: Headers) -> Hashable | None:
     return None
 
 
-def _cost(method: str, path: str, headers: Headers) -> tuple[float, bool]:
+def _cost(method: str, path: str, headers: Headers, max_body_bytes: int) -> tuple[float, bool]:
     """(units, heavy) of a request."""
     if method == "GET" and _HEAVY_GET.match(path):
         return HEAVY_COST, True
     declared = headers.get("content-length", "")
-    size = int(declared) if declared.isdigit() else 0
-    return 1 + size // BODY_BYTES_PER_UNIT, method == "POST" and path == _SUBMIT
+    size = int(declared) if declared.isdigit() and len(declared) < 20 else 0
+    return 1 + (size // BODY_BYTES_PER_UNIT if size <= max_body_bytes else 0), method == "POST" and path == _SUBMIT
 
 
 class RateLimits:
@@ -163,7 +164,7 @@ class RateLimits:
                         if who is not address else "this address's requests (KEMBED_RATE_TOKEN_PER_S)")]
             if (tenant := self._known.get(who)) is not None:
                 charged.append((self._tenants, tenant, "the tenant's requests (KEMBED_RATE_TENANT_PER_S)"))
-        cost, heavy = _cost(method, path, headers)
+        cost, heavy = _cost(method, path, headers, self.limits.max_body_bytes)
         if who not in self._known and (wait := self._failures.wait_s(address, 1)) > 0:
             await self._refuse(scope, send, wait, "failed sign-ins from this address (KEMBED_RATE_AUTH_FAILURES_"
                                "PER_S): tokens that worked before still do")

@@ -199,9 +199,12 @@ def _oversized(model: type[BaseModel], raw: Any, loc: tuple[str | int, ...]) -> 
             if not isinstance(item, dict):
                 continue
             where = (*loc, name) if index is None else (*loc, name, index)
+            tagged = len(inner) > 1  # a union told apart by `kind`: pydantic names the member in `loc` too
             for sub, kind in inner:
-                if kind is None or item.get("kind", kind) == kind:
+                if not tagged:
                     yield from _oversized(sub, item, where)
+                elif item.get("kind") == kind:  # no kind, or an unknown one: pydantic says so, without the cost
+                    yield from _oversized(sub, item, (*where, kind))
 
 
 @functools.cache

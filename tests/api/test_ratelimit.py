@@ -57,13 +57,14 @@ async def _stand_in(scope, receive, send) -> None:
         if scope["path"].endswith("/export"):
             await RELEASE.wait()
     await send({"type": "http.response.start", "status": status, "headers": []})
-    size = 3 * ratelimit.ANSWER_BYTES_PER_UNIT if scope["path"] == "/v1/jobs" and status == 200 else 2
+    big = scope["method"] == "GET" and scope["path"] == "/v1/jobs" and status == 200
+    size = 3 * ratelimit.ANSWER_BYTES_PER_UNIT if big else 2
     await send({"type": "http.response.body", "body": b" " * size})
 
 
 def _client(clock: Clock, **overrides) -> httpx.AsyncClient:
     limits = dict(token=Rate(1, 5), tenant=Rate(1, 8), report=Rate(1, 3), auth_failures=Rate(0.1, 3),
-                  heavy_in_flight=2)
+                  heavy_in_flight=2, max_body_bytes=2**20)
     app = RateLimits(_stand_in, limits=Limits(**{**limits, **overrides}), clock=clock)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=("10.0.0.1", 1234)),
                              base_url="http://kembed")
@@ -147,11 +148,17 @@ def test_reports_are_limited_per_job_and_a_large_body_costs_more():
         async with _client(Clock()) as client:
             statuses = [(await client.post("/v1/jobs/j-1/reports", content=b"{}")).status_code for _ in range(4)]
             assert statuses[-1] == 429  # 3 a job (the stand-in answers 401 to these: no report token)
-        async with _client(Clock(), auth_failures=Rate(100, 100)) as client:
+        clock = Clock()
+        async with _client(clock, auth_failures=Rate(100, 100)) as client:
             big = b"x" * (3 * ratelimit.BODY_BYTES_PER_UNIT)  # 1 + 3 units of the token's 5
             headers = {"Authorization": "Bearer alpha-1"}
             assert (await client.post("/v1/jobs", content=big, headers=headers)).status_code == 200
             assert (await client.post("/v1/jobs", content=big, headers=headers)).status_code == 429
+            # A body past the body limit is refused unread (413, by the body guard): it costs one unit.
+            declared = {**headers, "Content-Length": str(2**21 + 1)}
+            clock.now += 4
+            assert (await client.post("/v1/jobs", content=b"{}", headers=declared)).status_code != 429
+            assert [(await _get(client, "alpha-1")).status_code for _ in range(5)] == [200] * 4 + [429]
 
     asyncio.run(run())
 
