@@ -15,9 +15,10 @@ A request's cost is one unit, plus one per 4 KiB of its declared body (validatio
 CPU per KiB of spec), or
 HEAVY_COST for what reads storage or runs long (exports, neighbours, logs, checkpoint listings); once answered,
 one more unit per 64 KiB of its answer (at most a burst), since building an answer costs by its size too (a page
-of 500 jobs with large specs is 20 MB). Heavy requests, submissions included, also count against the tenant's cap
-in flight: they run on the worker threads every tenant shares, and a burst of exports could otherwise hold them
-all.
+of 500 jobs with large specs is 20 MB). Heavy requests also count against the tenant's cap in flight: they hold a
+worker thread (of the 40 every tenant shares) for as long as they read, and a burst of exports could otherwise
+hold them all. Submissions do not: one holds a thread for its validation only (milliseconds, bounded by the
+spec's bounds), then waits for its commit without one; their rate is what is limited.
 
 The buckets live in this process: with `KEMBED_WORKERS` > 1 each worker process counts for itself (the limits
 apply per process, docs/api.md).
@@ -55,7 +56,6 @@ ANSWER_BYTES_PER_UNIT = 65_536  # a page of 50 small jobs is ~100 KB: one more u
 _EXEMPT = re.compile(r"^/healthz$|^/dashboard/static/")
 _REPORTS = re.compile(r"^/v1/jobs/([^/]+)/reports$")
 _HEAVY_GET = re.compile(r"^/v1/jobs/[^/]+/(export|neighbours|logs|checkpoints)$")
-_SUBMIT = "/v1/jobs"
 _TENANT_NOTE = "kembed.tenant"  # where the auth dependency leaves the caller's tenant, in the request's state
 _MAX_KEYS = 100_000  # buckets and known tokens remembered; past it, full buckets are forgotten first
 
@@ -134,7 +134,7 @@ def _cost(method: str, path: str, headers: Headers, max_body_bytes: int) -> tupl
         return HEAVY_COST, True
     declared = headers.get("content-length", "")
     size = int(declared) if declared.isdigit() and len(declared) < 20 else 0
-    return 1 + (size // BODY_BYTES_PER_UNIT if size <= max_body_bytes else 0), method == "POST" and path == _SUBMIT
+    return 1 + (size // BODY_BYTES_PER_UNIT if size <= max_body_bytes else 0), False
 
 
 class RateLimits:

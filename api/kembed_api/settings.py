@@ -157,9 +157,9 @@ class Settings(MintingSettings, BaseSettings):
         100.0, ge=1, description="Failed sign-ins one address may have at once (mistyped tokens, expired "
         "sessions of a whole office behind one NAT).")
     heavy_in_flight_per_tenant: int = Field(
-        4, ge=1, le=64, description="Heavy requests (submissions, exports, neighbours, logs, checkpoint "
-        "listings) one tenant may have under way at once; they run on the worker threads all tenants share "
-        "(40), so one tenant never holds more than a tenth of them.")
+        4, ge=1, le=64, description="Heavy requests (exports, neighbours, logs, checkpoint listings) one tenant "
+        "may have under way at once; each holds one of the worker threads all tenants share (40) while it reads, "
+        "so one tenant never holds more than a tenth of them.")
     session_ttl_s: float = Field(
         12 * 3600,
         gt=0,
