@@ -175,3 +175,17 @@ def test_a_large_answer_is_paid_for_after_it_is_sent():
             assert (await _get(client, "alpha-1")).status_code == 200
 
     asyncio.run(run())
+
+
+def test_the_client_waits_out_a_rate_limit_and_shows_a_full_queue():
+    from kembed_api.client import ApiError, Client
+
+    answers = iter([httpx.Response(429, headers={"Retry-After": "2"}, json={"detail": "too many requests"}),
+                    httpx.Response(200, json={"items": []}),
+                    httpx.Response(429, json={"detail": "the queue is full"})])
+    slept: list[float] = []
+    client = Client("http://kembed", sleep=slept.append)
+    client._http = httpx.Client(base_url="http://kembed", transport=httpx.MockTransport(lambda _: next(answers)))
+    assert client.jobs() == {"items": []} and slept == [2]
+    with pytest.raises(ApiError, match="queue is full"):
+        client.jobs()
