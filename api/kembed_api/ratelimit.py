@@ -20,12 +20,17 @@ worker thread (of the 40 every tenant shares) for as long as they read, and a bu
 hold them all. Submissions do not: one holds a thread for its validation only (milliseconds, bounded by the
 spec's bounds), then waits for its commit without one; their rate is what is limited.
 
+A 429 is sent after a pause of up to TARPIT_S (the wait, if shorter): a well-behaved client waits that long anyway,
+and one that ignores Retry-After and asks again at once (a flood) sends a request a second per connection instead
+of hundreds, each of which the server would parse and answer. A pause costs a timer, not a thread.
+
 The buckets live in this process: with `KEMBED_WORKERS` > 1 each worker process counts for itself (the limits
 apply per process, docs/api.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import time
@@ -40,13 +45,14 @@ from kembed_api import errors
 from kembed_api.auth.service import hash_secret
 from kembed_api.dashboard.sessions import COOKIE_NAME
 
-__all__ = ["ANSWER_BYTES_PER_UNIT", "BODY_BYTES_PER_UNIT", "HEAVY_COST", "Buckets", "Limits", "Rate", "RateLimits", "note_tenant"]
+__all__ = ["ANSWER_BYTES_PER_UNIT", "BODY_BYTES_PER_UNIT", "HEAVY_COST", "TARPIT_S", "Buckets", "Limits", "Rate", "RateLimits", "note_tenant"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+TARPIT_S = 1.0  # the longest pause before a 429 (see above)
 HEAVY_COST = 10  # units of a request that reads storage or runs long
 # A unit is about a millisecond of the server's CPU: a read costs 1-2 ms, a spec of 512 tables (48 KB) 13 ms.
 BODY_BYTES_PER_UNIT = 4096  # a spec of 1-3 KB costs one unit; one of 48 KB, 12 more
@@ -139,8 +145,9 @@ def _cost(method: str, path: str, headers: Headers, max_body_bytes: int) -> tupl
 
 class RateLimits:
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], *, limits: Limits,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.app, self.limits = app, limits
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.app, self.limits, self.clock, self.sleep = app, limits, clock, sleep
         self._callers = Buckets(limits.token, clock=clock)  # tokens, sessions, anonymous addresses
         self._tenants = Buckets(limits.tenant, clock=clock)
         self._reports = Buckets(limits.report, clock=clock)
@@ -217,9 +224,10 @@ class RateLimits:
                 self._known.clear()  # relearned on each one's next request; meanwhile limited per token only
             self._known[who] = tenant
 
-    @staticmethod
-    async def _refuse(scope: Scope, send: Send, wait_s: float, what: str, *, limit: Rate | None = None) -> None:
-        seconds = max(1, math.ceil(min(wait_s, 3600)))
+    async def _refuse(self, scope: Scope, send: Send, wait_s: float, what: str, *, limit: Rate | None = None) -> None:
+        paused = self.clock()
+        await self.sleep(min(wait_s, TARPIT_S))
+        seconds = max(1, math.ceil(min(wait_s - (self.clock() - paused), 3600)))
         headers = {"Retry-After": str(seconds)}
         if limit is not None:
             headers |= {"RateLimit-Limit": str(int(limit.burst)), "RateLimit-Remaining": "0"}

@@ -15,9 +15,13 @@ from kembed_api.ratelimit import Buckets, Limits, Rate, RateLimits
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
+        self.slept: list[float] = []
 
     def __call__(self) -> float:
         return self.now
+
+    async def sleep(self, seconds: float) -> None:  # what the limiter pauses before a 429, noted, not waited
+        self.slept.append(seconds)
 
 
 def test_a_bucket_spends_its_burst_then_refills_at_its_rate():
@@ -65,7 +69,7 @@ async def _stand_in(scope, receive, send) -> None:
 def _client(clock: Clock, **overrides) -> httpx.AsyncClient:
     limits = dict(token=Rate(1, 5), tenant=Rate(1, 8), report=Rate(1, 3), auth_failures=Rate(0.1, 3),
                   heavy_in_flight=2, max_body_bytes=2**20)
-    app = RateLimits(_stand_in, limits=Limits(**{**limits, **overrides}), clock=clock)
+    app = RateLimits(_stand_in, limits=Limits(**{**limits, **overrides}), clock=clock, sleep=clock.sleep)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=("10.0.0.1", 1234)),
                              base_url="http://kembed")
 
@@ -82,6 +86,7 @@ def test_a_flooding_token_gets_429_with_retry_after_while_another_tenant_goes_on
             assert [a.status_code for a in answers] == [200] * 5 + [429] * 2
             refused = answers[-1]
             assert refused.headers["retry-after"] == "1"
+            assert clock.slept == [1.0, 1.0]  # each 429 paused for the wait (a second at most) before it is sent
             assert "this token's requests" in refused.json()["detail"] and refused.json()["errors"] == []
             assert (refused.headers["ratelimit-limit"], refused.headers["ratelimit-remaining"]) == ("5", "0")
             assert (await _get(client, "beta-1")).status_code == 200

@@ -34,7 +34,7 @@ def _flood(client: httpx.Client, path: str, count: int) -> list[httpx.Response]:
 
 def test_a_flooding_token_gets_429_with_retry_after_while_another_tenant_goes_on(limited: World):
     with limited.as_("alpha", "viewer") as flooder, limited.as_("default", "viewer") as other:
-        answers = _flood(flooder, "/v1/jobs", 90)
+        answers = _flood(flooder, "/v1/jobs", 74)  # a 429 comes after a pause of up to a second
         refused = [a for a in answers if a.status_code == 429]
         assert refused, "no request of the flood was refused"
         assert {a.status_code for a in answers} == {200, 429}
@@ -48,11 +48,10 @@ def test_a_flooding_token_gets_429_with_retry_after_while_another_tenant_goes_on
 
 def test_a_tenants_tokens_share_one_limit(limited: World):
     with limited.as_("beta", "member") as first, limited.as_("beta", "tenant-admin") as second:
-        statuses = [a.status_code for a in _flood(first, "/v1/usage", 65)]
-        statuses += [a.status_code for a in _flood(second, "/v1/usage", 65)]
-        assert 429 in statuses  # 130 requests of one tenant, each token under its own 70
-        refused = second.get("/v1/usage")
-        assert refused.status_code == 429 and "tenant" in refused.json()["detail"]
+        answers = _flood(first, "/v1/usage", 68) + _flood(second, "/v1/usage", 68)
+        refused = [a for a in answers if a.status_code == 429]
+        # 136 requests of one tenant, each token under its own 70: the tenant's 120 were spent
+        assert refused and all("the tenant's requests" in a.json()["detail"] for a in refused)
     with limited.as_("default", "member") as other:
         assert other.get("/v1/usage").status_code == 200
 
