@@ -68,7 +68,8 @@ def _limits(settings: Settings) -> ratelimit.Limits:
         tenant=rate(settings.rate_tenant_per_s, settings.rate_tenant_burst),
         report=rate(settings.rate_report_per_s, settings.rate_report_burst),
         auth_failures=rate(settings.rate_auth_failures_per_s, settings.rate_auth_failures_burst),
-        heavy_in_flight=settings.heavy_in_flight_per_tenant, max_body_bytes=settings.max_body_bytes)
+        heavy_in_flight=settings.heavy_in_flight_per_tenant, in_flight=settings.in_flight_per_tenant,
+        max_body_bytes=settings.max_body_bytes)
 
 
 def _bootstrap(settings: Settings, db: Database, storage: PlatformStorage) -> None:

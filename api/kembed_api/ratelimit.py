@@ -111,6 +111,7 @@ class Limits:
     report: Rate
     auth_failures: Rate
     heavy_in_flight: int
+    in_flight: int  # reads (GET) of one tenant under way at once
     max_body_bytes: int  # a larger body is refused unread (kembed_api.bodies): it costs one unit, not its size
 
 
@@ -153,7 +154,8 @@ class RateLimits:
         self._reports = Buckets(limits.report, clock=clock)
         self._failures = Buckets(limits.auth_failures, clock=clock)
         self._known: dict[Hashable, int | None] = {}  # credentials seen to work -> their tenant (None: a job's)
-        self._in_flight: dict[Hashable, int] = {}  # heavy requests under way, by tenant (or credentials)
+        self._in_flight: dict[Hashable, int] = {}  # reads under way, by tenant (or credentials)
+        self._heavy_in_flight: dict[Hashable, int] = {}  # of them, the heavy ones
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or _EXEMPT.match(scope["path"]):
@@ -181,7 +183,15 @@ class RateLimits:
                 await self._refuse(scope, send, wait, what, limit=buckets.rate)
                 return
         slot = self._known.get(who) or who
-        if heavy and self._in_flight.get(slot, 0) >= self.limits.heavy_in_flight:
+        # Reads under way are capped too: an answer is paid for after it is sent, and many reads let in at once
+        # (one per connection) would each build a large answer (a page of 500 jobs) before any is paid for. Writes
+        # answer in proportion to what they were sent, which was paid for before.
+        read = method in ("GET", "HEAD")
+        if read and self._in_flight.get(slot, 0) >= self.limits.in_flight:
+            await self._refuse(scope, send, 1.0, f"reads in flight for the tenant, at most "
+                               f"{self.limits.in_flight} (KEMBED_IN_FLIGHT_PER_TENANT)")
+            return
+        if heavy and self._heavy_in_flight.get(slot, 0) >= self.limits.heavy_in_flight:
             await self._refuse(scope, send, 1.0, f"heavy requests in flight for the tenant, at most "
                                f"{self.limits.heavy_in_flight} (KEMBED_HEAVY_IN_FLIGHT_PER_TENANT)")
             return
@@ -199,16 +209,17 @@ class RateLimits:
                 answered += len(message.get("body", b""))
             await send(message)
 
-        if heavy:
-            self._in_flight[slot] = self._in_flight.get(slot, 0) + 1
+        counters = [c for c, counts in ((self._in_flight, read), (self._heavy_in_flight, heavy)) if counts]
+        for counter in counters:
+            counter[slot] = counter.get(slot, 0) + 1
         try:
             await self.app(scope, receive, send_noting_status)
         finally:
-            if heavy:
-                if (left := self._in_flight[slot] - 1) > 0:
-                    self._in_flight[slot] = left
+            for counter in counters:
+                if (left := counter[slot] - 1) > 0:
+                    counter[slot] = left
                 else:
-                    del self._in_flight[slot]
+                    del counter[slot]
             self._learn(scope, who, address, status, report is not None)
             if extra := answered // ANSWER_BYTES_PER_UNIT:  # paid after: the next requests wait for it
                 for buckets, key, _ in charged:

@@ -156,6 +156,10 @@ class Settings(MintingSettings, BaseSettings):
     rate_auth_failures_burst: float = Field(
         100.0, ge=1, description="Failed sign-ins one address may have at once (mistyped tokens, expired "
         "sessions of a whole office behind one NAT).")
+    in_flight_per_tenant: int = Field(
+        16, ge=1, le=1000, description="Reads (GET) of one tenant under way at once. A read takes milliseconds, "
+        "so 30 polling dashboards have well under one under way; 16 bounds how many answers one tenant's many "
+        "connections can have built at once, before their sizes are counted.")
     heavy_in_flight_per_tenant: int = Field(
         4, ge=1, le=64, description="Heavy requests (exports, neighbours, logs, checkpoint listings) one tenant "
         "may have under way at once; each holds one of the worker threads all tenants share (40) while it reads, "

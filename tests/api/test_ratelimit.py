@@ -68,7 +68,7 @@ async def _stand_in(scope, receive, send) -> None:
 
 def _client(clock: Clock, **overrides) -> httpx.AsyncClient:
     limits = dict(token=Rate(1, 5), tenant=Rate(1, 8), report=Rate(1, 3), auth_failures=Rate(0.1, 3),
-                  heavy_in_flight=2, max_body_bytes=2**20)
+                  heavy_in_flight=2, in_flight=3, max_body_bytes=2**20)
     app = RateLimits(_stand_in, limits=Limits(**{**limits, **overrides}), clock=clock, sleep=clock.sleep)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=("10.0.0.1", 1234)),
                              base_url="http://kembed")
@@ -194,3 +194,21 @@ def test_the_client_waits_out_a_rate_limit_and_shows_a_full_queue():
     assert client.jobs() == {"items": []} and slept == [2]
     with pytest.raises(ApiError, match="queue is full"):
         client.jobs()
+
+
+def test_a_tenants_reads_in_flight_are_capped_whatever_their_kind():
+    async def run() -> None:
+        global RELEASE
+        RELEASE = asyncio.Event()
+        async with _client(Clock(), token=Rate(100, 100), tenant=Rate(100, 100), heavy_in_flight=10) as client:
+            await _get(client, "alpha-1")
+            slow = [asyncio.create_task(_get(client, "alpha-1", "/v1/jobs/j/export")) for _ in range(3)]
+            await asyncio.sleep(0.05)
+            refused = await _get(client, "alpha-1")  # a light one, but the tenant has 3 under way
+            assert refused.status_code == 429 and "reads in flight" in refused.json()["detail"]
+            assert (await _get(client, "beta-1")).status_code == 200
+            RELEASE.set()
+            await asyncio.gather(*slow)
+            assert (await _get(client, "alpha-1")).status_code == 200
+
+    asyncio.run(run())
