@@ -37,8 +37,9 @@ _MAX_INT_DIGITS = 64  # far past any bound of the spec; Python refuses to parse 
 # Values in one JSON body: twice the largest spec the bounds allow (512 tables, 1,024 features, 4,096 dense
 # columns, 64 labels: ~7,800 commas), which is also the largest body any route takes.
 MAX_JSON_VALUES = 16_384
-# Bodies larger than this are parsed on a worker thread: a spec is 1-3 KB, and a thread hop costs ~0.1 ms.
-PARSE_ASIDE_BYTES = 32_768
+# Bodies larger than this are parsed on a worker thread: a spec is 1-3 KB, and a thread hop costs ~0.1 ms, while
+# 16,000 numbers (32 KB) take 5-15 ms to parse.
+PARSE_ASIDE_BYTES = 8192
 
 
 class _NonFinite:
