@@ -78,10 +78,12 @@ def _wait_healthy(url: str, process: subprocess.Popen, log: Path, deadline: floa
 
 
 @contextlib.contextmanager
-def api_servers(database_url: str | None, data_dir: Path, replicas: int = 1,
-                workers: int = 1) -> Iterator[tuple[list[str], list[int]]]:
-    """`replicas` API servers of `workers` processes each on one database; yields their URLs and pids."""
-    env = {**os.environ, "KEMBED_ADMISSION_PAUSED": "true", "KEMBED_BOOTSTRAP_ADMIN_TOKEN": _TOKEN}
+def api_servers(database_url: str | None, data_dir: Path, replicas: int = 1, workers: int = 1,
+                env: dict[str, str] | None = None) -> Iterator[tuple[list[str], list[int]]]:
+    """`replicas` API servers of `workers` processes each on one database; yields their URLs and pids. Rate
+    limits are off unless `env` turns them on: this benchmark sends thousands of requests with one token."""
+    env = {**os.environ, "KEMBED_ADMISSION_PAUSED": "true", "KEMBED_BOOTSTRAP_ADMIN_TOKEN": _TOKEN,
+           "KEMBED_RATE_LIMITS": "false", **(env or {})}
     if database_url:
         env["KEMBED_DATABASE_URL"] = database_url
     data_dir.mkdir(parents=True)

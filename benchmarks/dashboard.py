@@ -46,7 +46,9 @@ _TOKEN = "kmb_dashboard-benchmark-token"
 
 def start_server(data_dir: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = {**os.environ, "KEMBED_ADMISSION_PAUSED": "true", "KEMBED_BOOTSTRAP_ADMIN_TOKEN": _TOKEN}
+    # Without rate limits: the pages' own cost is measured, with more requests from one token than a person makes.
+    env = {**os.environ, "KEMBED_ADMISSION_PAUSED": "true", "KEMBED_BOOTSTRAP_ADMIN_TOKEN": _TOKEN,
+           "KEMBED_RATE_LIMITS": "false"}
     process = subprocess.Popen(
         [sys.executable, "-m", "kembed_api.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kembed_api import __version__, bodies, errors
+from kembed_api import __version__, bodies, errors, ratelimit
 from kembed_api.auth.cache import TtlCache
 from kembed_api.auth.service import ensure_bootstrap_token
 from kembed_api.backends.base import Backend
@@ -61,6 +61,17 @@ def _make_backend(settings: Settings) -> Backend:
     )
 
     return KubernetesBackend()
+
+
+def _limits(settings: Settings) -> ratelimit.Limits:
+    rate = ratelimit.Rate
+    return ratelimit.Limits(
+        token=rate(settings.rate_token_per_s, settings.rate_token_burst),
+        tenant=rate(settings.rate_tenant_per_s, settings.rate_tenant_burst),
+        report=rate(settings.rate_report_per_s, settings.rate_report_burst),
+        auth_failures=rate(settings.rate_auth_failures_per_s, settings.rate_auth_failures_burst),
+        heavy_in_flight=settings.heavy_in_flight_per_tenant, in_flight=settings.in_flight_per_tenant,
+        max_body_bytes=settings.max_body_bytes)
 
 
 def _bootstrap(settings: Settings, db: Database, storage: PlatformStorage) -> None:
@@ -145,6 +156,8 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
     )
     errors.install(app)
     app.add_middleware(bodies.BodyGuard, max_bytes=settings.max_body_bytes)
+    if settings.rate_limits:  # added last, so outermost: a refused request is not even read
+        app.add_middleware(ratelimit.RateLimits, limits=_limits(settings))
     app.include_router(jobs_router.router)
     app.include_router(tenants_router.router)
     app.include_router(dashboard_router.router)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 __all__ = ["ApiError", "Client"]
+
+# How long a call waits in all for the API's rate limits (a 429 with Retry-After) before it gives up with the error.
+MAX_RATE_LIMIT_WAIT_S = 60.0
 
 
 class ApiError(RuntimeError):
@@ -29,9 +34,11 @@ def format_detail(detail: Any) -> str:
 
 
 class Client:
-    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 30.0,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout)
+        self._sleep = sleep
 
     def close(self) -> None:
         self._http.close()
@@ -43,7 +50,16 @@ class Client:
         self.close()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = self._http.request(method, path, **kwargs)
+        waited = 0
+        while True:
+            response = self._http.request(method, path, **kwargs)
+            pause = response.headers.get("retry-after", "")
+            # A rate limit refuses a request before reading it, so sending it again is safe; a full queue (429
+            # without Retry-After) is an answer to show.
+            if response.status_code != 429 or not pause.isdigit() or waited + int(pause) > MAX_RATE_LIMIT_WAIT_S:
+                break
+            self._sleep(int(pause))
+            waited += int(pause)
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)

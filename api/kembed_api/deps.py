@@ -20,6 +20,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
+from kembed_api import ratelimit
 from kembed_api.auth import service as auth_service
 from kembed_api.auth.roles import Action, Role, allowed
 from kembed_api.dashboard import sessions
@@ -83,6 +84,7 @@ async def _principal(
     if principal is None or (principal.expires_at is not None and principal.expires_at <= utcnow()):
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token",
                             headers={"WWW-Authenticate": "Bearer"})
+    ratelimit.note_tenant(request.scope, principal.tenant.id)  # the token's requests count for its tenant too
     return principal
 
 
@@ -159,6 +161,7 @@ async def session_principal(request: Request) -> Principal | None:
         key, lambda: run_in_threadpool(_look_up_session, request, secret))
     if principal is None or (principal.expires_at is not None and principal.expires_at <= utcnow()):
         return None
+    ratelimit.note_tenant(request.scope, principal.tenant.id)
     return principal
 
 

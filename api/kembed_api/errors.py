@@ -34,12 +34,15 @@ _MEANING = {
     403: "The token's role may not do this.",
     404: "No such object for this tenant (another tenant's is not found either).",
     409: "Conflicts with what exists.",
-    413: "The request body is larger than the server accepts (KEMBED_MAX_BODY_BYTES).",
+    413: "The request body is larger than the server accepts (KEMBED_MAX_BODY_BYTES), or holds more JSON values "
+         "than any request needs.",
     422: "The request is invalid; `detail` names the field at fault (NaN and Infinity are never numbers).",
-    429: "The tenant's queue is full (quota.max_queued_jobs).",
+    429: "Too many requests: a rate limit (`Retry-After` says in how many seconds to try again), or for a "
+         "submission the tenant's queue is full (quota.max_queued_jobs).",
 }
-# Statuses any route can answer whatever it does: a body too large, invalid input (query, headers or body).
-_ALWAYS = (413, 422)
+# Statuses any route can answer whatever it does: a body too large, invalid input (query, headers or body), a
+# rate limit.
+_ALWAYS = (413, 422, 429)
 _MAX_ITEMS = 20  # a body with thousands of mistakes gets the first ones, not an answer as large as itself
 
 
@@ -60,13 +63,40 @@ def issue_location(loc: Sequence[str | int]) -> str:
     return ".".join(str(part) for part in parts)
 
 
+# Pydantic's messages that quote the input, said without it.
+_WITHOUT_INPUT = {
+    "union_tag_invalid": "Input tag does not match any of the expected tags: {expected_tags}",
+}
+_MAX_LOC_PART = 64  # a key of the body is part of `loc`; one of a megabyte is shortened, not echoed whole
+
+
+def _message(error: dict[str, Any]) -> str:
+    """The error's message, never quoting the input: what a field held may be large, or a secret."""
+    kind = str(error.get("type", "value_error"))
+    if kind in _WITHOUT_INPUT:
+        return _WITHOUT_INPUT[kind].format_map(_Missing(error.get("ctx") or {}))
+    msg = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    given = error.get("input")
+    if isinstance(given, str) and len(given) >= 4 and given in msg:  # a message of ours that quotes its value
+        msg = msg.replace(given, "(the value given)")
+    return msg
+
+
+class _Missing(dict):
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+def _loc_part(part: Any) -> str | int:
+    if isinstance(part, int):
+        return part
+    text = str(part)
+    return text if len(text) <= _MAX_LOC_PART else text[:_MAX_LOC_PART] + "..."
+
+
 def _items(raw: Iterable[dict[str, Any]]) -> list[ErrorItem]:
-    items = []
-    for error in list(raw)[:_MAX_ITEMS]:
-        msg = str(error.get("msg", "invalid")).removeprefix("Value error, ")
-        items.append(ErrorItem(loc=[p if isinstance(p, int) else str(p) for p in error.get("loc", ())],
-                               msg=msg, type=str(error.get("type", "value_error"))))
-    return items
+    return [ErrorItem(loc=[_loc_part(p) for p in error.get("loc", ())], msg=_message(error),
+                      type=str(error.get("type", "value_error"))) for error in list(raw)[:_MAX_ITEMS]]
 
 
 def _summary(items: list[ErrorItem], total: int) -> str:

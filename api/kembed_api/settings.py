@@ -162,6 +162,39 @@ class Settings(MintingSettings, BaseSettings):
         description="Largest request body accepted, in bytes (413 beyond it, checked before the body is parsed). "
         "A job spec is a few kilobytes; 1 MiB leaves room for large table lists and refuses floods.",
     )
+    # Fair use (kembed_api.ratelimit, docs/api.md#rate-limits). A unit is one request, about a millisecond of the
+    # server's CPU (plus one per 4 KiB of its body and per 64 KiB of its answer; 10 for exports, neighbours, logs
+    # and checkpoint listings). Each worker process counts for itself.
+    rate_limits: bool = Field(
+        True, description="Enforce the rate limits below. Off only for load tests of the API alone.")
+    rate_token_per_s: float = Field(
+        20.0, gt=0, description="Units per second one token (or dashboard session) may spend, sustained. A "
+        "dashboard polling every 2 s spends about 1.5, a CLI following a job about 1: 20 leaves ten times that.")
+    rate_token_burst: float = Field(
+        200.0, ge=1, description="Units one token may spend at once after a quiet while (a script listing "
+        "everything, a sweep of submissions). A request costing more waits for a full bucket.")
+    rate_tenant_per_s: float = Field(
+        50.0, gt=0, description="Units per second all of a tenant's tokens may spend together, sustained: ~30 "
+        "open dashboards. What one tenant may take of the server (a request costs it 1-2 ms of CPU).")
+    rate_tenant_burst: float = Field(500.0, ge=1, description="Units a tenant may spend at once.")
+    rate_report_per_s: float = Field(
+        20.0, gt=0, description="Reports per second one job's trainer may send, sustained (it reports every "
+        "training.log_every steps, and retries a 429 after a pause, losing nothing).")
+    rate_report_burst: float = Field(200.0, ge=1, description="Reports one job may send at once.")
+    rate_auth_failures_per_s: float = Field(
+        1.0, gt=0, description="Failed sign-ins (401s) per second one client address may have, sustained. An "
+        "address past it gets 429 for requests made without a token that worked before: guessing is bounded.")
+    rate_auth_failures_burst: float = Field(
+        100.0, ge=1, description="Failed sign-ins one address may have at once (mistyped tokens, expired "
+        "sessions of a whole office behind one NAT).")
+    in_flight_per_tenant: int = Field(
+        16, ge=1, le=1000, description="Reads (GET) of one tenant under way at once. A read takes milliseconds, "
+        "so 30 polling dashboards have well under one under way; 16 bounds how many answers one tenant's many "
+        "connections can have built at once, before their sizes are counted.")
+    heavy_in_flight_per_tenant: int = Field(
+        4, ge=1, le=64, description="Heavy requests (exports, neighbours, logs, checkpoint listings) one tenant "
+        "may have under way at once; each holds one of the worker threads all tenants share (40) while it reads, "
+        "so one tenant never holds more than a tenth of them.")
     session_ttl_s: float = Field(
         12 * 3600,
         gt=0,

@@ -246,7 +246,7 @@ class TenantStatus(_Status):
 
 def tenant_manifest(name: str, spec: TenantSpec, *, labels: dict[str, str] | None = None) -> dict[str, Any]:
     if not (len(name) <= MAX_TENANT_NAME and _matches(_DNS_LABEL, name)):
-        raise ValueError(f"tenant name {name!r} must be a DNS label of at most {MAX_TENANT_NAME} characters")
+        raise ValueError(f"tenant name: must be a DNS label of at most {MAX_TENANT_NAME} characters")
     return {
         "apiVersion": API_VERSION, "kind": TENANT_KIND,
         "metadata": {"name": name, "labels": labels or {}},
@@ -318,7 +318,7 @@ def embedding_job_manifest(
 ) -> dict[str, Any]:
     """The EmbeddingJob the API creates for an admitted job (in namespace ``tenant_namespace(tenant)``)."""
     if not (len(job_id) <= MAX_JOB_NAME and _matches(_DNS_LABEL, job_id)):
-        raise ValueError(f"job id {job_id!r} must be a DNS label of at most {MAX_JOB_NAME} characters")
+        raise ValueError(f"job id: must be a DNS label of at most {MAX_JOB_NAME} characters")
     full = EmbeddingJobSpec.model_validate(
         {**spec.model_dump(mode="json"), "report_url": report_url, "report_token_secret": report_token_secret,
          "storage_budget_bytes": storage_budget_bytes}

@@ -6,11 +6,16 @@ validates here is a job the trainer accepts.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
+import types
+import typing
+from collections.abc import Iterator
 from typing import Annotated, Any
 
+from annotated_types import MaxLen
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kembed_contract.trainer_config import NumbersOnly, TrainerConfig
@@ -20,6 +25,7 @@ __all__ = [
     "MIN_CPU_PER_NODE",
     "MIN_MEMORY_PER_NODE",
     "JobSpec",
+    "oversized",
     "read_stored",
     "QUANTITY_PATTERN",
     "Resources",
@@ -41,7 +47,7 @@ def parse_quantity(value: str | int | float) -> float:
         return float(value)
     match = _QUANTITY.match(value.strip())
     if not match:
-        raise ValueError(f"{value!r} is not a Kubernetes quantity such as 512Mi, 4Gi or 500m")
+        raise ValueError("not a Kubernetes quantity such as 512Mi, 4Gi or 500m")
     return float(match.group(1)) * _QUANTITY_FACTORS[match.group(2)]
 
 
@@ -182,3 +188,61 @@ def read_stored(raw: dict[str, Any]) -> JobSpec:
     except ValidationError:
         return JobSpec.model_construct(**raw)
 
+
+
+def oversized(raw: Any) -> list[dict[str, Any]]:
+    """Every list, map and string of a raw spec (parsed JSON) longer than its field allows, as validation errors
+    (`loc`, `msg`, `type`); [] when none is. A cheap look at lengths alone, for before `JobSpec.model_validate`:
+    pydantic checks a list's `max_length` only after validating every item (a million-entry map took seconds to
+    refuse), so an oversized body is refused here in microseconds. The bounds are the models' own `max_length`s:
+    defined once, in the models."""
+    return list(_oversized(JobSpec, raw, ()))
+
+
+def _oversized(model: type[BaseModel], raw: Any, loc: tuple[str | int, ...]) -> Iterator[dict[str, Any]]:
+    if not isinstance(raw, dict):
+        return
+    for name, limit, inner in _bounds_of(model):
+        value = raw.get(name)
+        if value is None:
+            continue
+        if limit is not None and isinstance(value, list | dict | str) and len(value) > limit:
+            unit = "characters" if isinstance(value, str) else "items"
+            yield {"loc": (*loc, name), "msg": f"should have at most {limit} {unit}", "type": "too_long"}
+            continue
+        if not inner:
+            continue
+        for index, item in enumerate(value) if isinstance(value, list) else [(None, value)]:
+            if not isinstance(item, dict):
+                continue
+            where = (*loc, name) if index is None else (*loc, name, index)
+            tagged = len(inner) > 1  # a union told apart by `kind`: pydantic names the member in `loc` too
+            for sub, kind in inner:
+                if not tagged:
+                    yield from _oversized(sub, item, where)
+                elif item.get("kind") == kind:  # no kind, or an unknown one: pydantic says so, without the cost
+                    yield from _oversized(sub, item, (*where, kind))
+
+
+@functools.cache
+def _bounds_of(model: type[BaseModel]) -> tuple[tuple[str, int | None, tuple[tuple[type[BaseModel], Any], ...]], ...]:
+    """(field, its max_length or None, the models inside it with the `kind` each answers to) of each field of
+    `model` that has a bound or models inside: worked out once per model."""
+    bounds = []
+    for name, field in model.model_fields.items():
+        limit = min((m.max_length for m in field.metadata if isinstance(m, MaxLen)), default=None)
+        inner = tuple((sub, sub.model_fields["kind"].default if "kind" in sub.model_fields else None)
+                      for sub in _models_in(field.annotation))
+        if limit is not None or inner:
+            bounds.append((name, limit, inner))
+    return tuple(bounds)
+
+
+def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
+    """The models a field's type holds: itself, the members of a union, the items of a list."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+        return
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, list, typing.Annotated):
+        for arg in typing.get_args(annotation):
+            yield from _models_in(arg)

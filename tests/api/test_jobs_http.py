@@ -105,9 +105,11 @@ def test_reports_need_the_jobs_own_token_and_update_progress(client, backend):
     url = f"/v1/jobs/{job['id']}/reports"
     record = {"event": "progress", "step": 7, "total_steps": 60, "loss": 0.42, "samples_per_sec": 1000.0}
     assert client.post(url, json=record, headers={"Authorization": ""}).status_code == 401
-    # a wrong token (the client's own API token is one) answers as a missing job does
-    assert client.post(url, json=record).status_code == 404
-    assert client.post(url, json=record, headers={"Authorization": "Bearer wrong"}).status_code == 404
+    # a wrong token (the client's own API token is one) answers as a missing job does: 401, written nothing
+    assert client.post(url, json=record).status_code == 401
+    assert client.post(url, json=record, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.post("/v1/jobs/nope-12345/reports", json=record,
+                       headers={"Authorization": "Bearer wrong"}).status_code == 401
     auth = {"Authorization": f"Bearer {launch.report_token}"}
     assert client.post(url, json=record, headers=auth).status_code == 204
     assert client.post(url, json={"event": "checkpoint", "step": 7, "uri": "file:///c/step-7"},

@@ -100,6 +100,7 @@ def test_a_word2vec_job_exports_and_answers_neighbours_for_its_tenant_only(serve
     with pytest.raises(ApiError) as unknown:
         server.client.neighbours(done["id"], "no-such-word")
     assert unknown.value.status_code == 422 and "not in the vocabulary" in str(unknown.value)
+    assert "no-such-word" not in str(unknown.value)  # the error names the field, never echoes the input
 
     # Another tenant (even its admin) finds neither the job nor its embeddings.
     server.client.create_tenant("rival", {"max_running_jobs": 1})

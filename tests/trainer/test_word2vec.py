@@ -86,12 +86,12 @@ def test_unset_optimizer_fields_take_gensims_values(tmp_path):
         ),
         pytest.param(
             lambda c: c["embeddings"]["tables"][0].update(sharding="row_wise"),
-            "set sharding: replicated on 'words_in'",
+            "embeddings.tables.0: word2vec tables are replicated; set sharding: replicated",
             id="sharded",
         ),
         pytest.param(
             lambda c: c["embeddings"]["tables"][1].update(hash_ids=True),
-            "'words_out' needs hash_ids: false",
+            "embeddings.tables.1: word2vec rows are vocabulary indices; set hash_ids: false",
             id="hashed",
         ),
         pytest.param(

@@ -105,7 +105,7 @@ def read_table(step_uri: str, table: str | None = None) -> TableRows:
     name = table or default_table(manifest)
     spec = next((t for t in manifest["tables"] if t["name"] == name), None)
     if spec is None:
-        raise ExportError(f"table {name!r} not in this checkpoint (tables: {[t['name'] for t in manifest['tables']]})")
+        raise ExportError(f"table: not in this checkpoint (its tables: {[t['name'] for t in manifest['tables']]})")
     vectors = _load_weight(step_uri, name)
     for delta_uri in chain[1:]:
         _apply_delta(delta_uri, name, vectors)
@@ -215,14 +215,14 @@ def _row_of(rows: TableRows, query: str) -> int:
         try:
             return rows.keys.index(query)
         except ValueError:
-            raise ExportError(f"{query!r} is not in the vocabulary ({len(rows.keys)} words)") from None
+            raise ExportError(f"word: not in the vocabulary ({len(rows.keys)} words)") from None
     if rows.meaning == "ids":
         try:
             row = int(query)
         except ValueError:
-            raise ExportError(f"table {rows.name!r} has integer ids; got {query!r}") from None
+            raise ExportError(f"word: table {rows.name!r} has integer ids; give one") from None
         if not 0 <= row < rows.vectors.shape[0]:
-            raise ExportError(f"id {row} outside [0, {rows.vectors.shape[0]})")
+            raise ExportError(f"word: an id of table {rows.name!r} is in [0, {rows.vectors.shape[0]})")
         return row
     for key, row in zip(rows.keys, rows.rows.tolist(), strict=True):
         if key == query:

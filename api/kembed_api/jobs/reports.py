@@ -27,12 +27,12 @@ def new_report_token() -> tuple[str, str]:
     return token, hash_secret(token)
 
 
-def verify_report_token(job: Job | None, token: str) -> bool:
-    """Whether `token` is the report token of `job`; False for no job (the token is hashed all the same, so that
-    the time taken does not tell a missing job from a wrong token)."""
+def verify_report_token(expected_hash: str | None, token: str) -> bool:
+    """Whether `token` is the one whose hash a job keeps (`Job.report_token_hash`); False for None (no job, or none
+    started yet: the token is hashed and compared all the same, in constant time, so that the time taken does
+    not tell a missing job from a wrong token)."""
     given = hash_secret(token)
-    expected = job.report_token_hash if job is not None else None
-    return hmac.compare_digest(expected or "-" * len(given), given) and expected is not None
+    return hmac.compare_digest(expected_hash or "-" * len(given), given) and expected_hash is not None
 
 
 # Runs of one job whose last sequence number is remembered: a job has a run per start (restarts, preemptions),

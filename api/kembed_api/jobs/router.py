@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
+from pydantic import ValidationError
 from sqlalchemy import select
 from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
 
-from kembed_api import checkpoints, errors
+from kembed_api import bodies, checkpoints, errors
 from kembed_api.deps import Db, QueueForecasts, Reader, Submitter
 from kembed_api.jobs import cancel, exports, ids, reads, reports, submissions
 from kembed_api.jobs.errors import CannotRun, JobNotFound, KeyReused, QueueFull
@@ -28,6 +32,7 @@ from kembed_api.jobs.schemas import (
 )
 from kembed_api.responses import ModelResponse
 from kembed_api.tenants.service import policy_of
+from kembed_contract import spec as job_spec
 from kembed_contract.lifecycle import JobState
 from kembed_contract.storage_policy import Access, StorageDenied, UriError
 
@@ -44,8 +49,39 @@ def _forecast_of(principal, forecasts: Forecasts):
                                                        queue_version=queue_version)
 
 
-def _not_found(job_id: str) -> HTTPException:
-    return HTTPException(status.HTTP_404_NOT_FOUND, detail=f"job {job_id!r} not found")
+def _not_found() -> HTTPException:
+    # The id is not repeated: errors never echo input (docs/api.md).
+    return HTTPException(status.HTTP_404_NOT_FOUND, detail="job not found")
+
+
+def _invalid(found: list[dict[str, Any]]) -> RequestValidationError:
+    # As FastAPI says it of a body; kembed_api.errors leaves out what the body held.
+    return RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in found])
+
+
+def _read_spec(body: bytes, *, json_body: bool) -> JobCreate:
+    """The submitted spec, validated on a worker thread: lengths first (`oversized`, microseconds), so that the
+    expensive validation only ever sees a spec within its bounds. Raises RequestValidationError (a 422)."""
+    if not json_body:
+        raise _invalid([{"loc": (), "msg": "send the spec as application/json", "type": "content_type"}])
+    if not body:
+        raise _invalid([{"loc": (), "msg": "Field required", "type": "missing"}])
+    try:
+        raw = json.loads(body)  # well formed: the body guard parsed it already
+    except (ValueError, RecursionError):
+        raise _invalid([{"loc": (), "msg": "not JSON", "type": "json_invalid"}]) from None
+    if too_long := job_spec.oversized(raw):
+        raise _invalid(too_long)
+    try:
+        return JobCreate.model_validate(raw)
+    except ValidationError as error:
+        raise _invalid(error.errors(include_url=False)) from None
+
+
+# The body is read by the route (to validate it off the event loop), so its schema is declared here; JobSpec is in
+# the document's components as the `spec` of every JobRead.
+_SPEC_BODY = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}}}}}
 
 
 @router.post(
@@ -59,9 +95,9 @@ def _not_found(job_id: str) -> HTTPException:
                            "used before with a different spec; `detail` names the field."),
     },
     summary="Submit a job",
+    openapi_extra=_SPEC_BODY,
 )
 async def submit_job(
-    spec: JobCreate,
     request: Request,
     principal: Submitter,
     idempotency_key: Annotated[
@@ -71,6 +107,9 @@ async def submit_job(
                "one; the same key with a different spec is refused (422). 1-200 visible ASCII characters."),
     ] = None,
 ) -> Response:
+    # Validated on a worker thread: a spec at its bounds takes milliseconds of CPU, which the event loop, serving
+    # every other request, should not spend.
+    spec = await run_in_threadpool(_read_spec, await request.body(), json_body=bodies.is_json(request.headers))
     # Stored by the intake's writer together with whatever else arrived meanwhile (kembed_api.jobs.intake).
     submission = submissions.Submission(tenant_id=principal.tenant.id, spec=spec, idempotency_key=idempotency_key)
     try:
@@ -108,7 +147,7 @@ async def get_job(job_id: str, db: Db, principal: Reader, forecasts: QueueForeca
         return ModelResponse(await db.read(lambda connection: reads.read_job(
             connection, tenant=principal.tenant, job_id=job_id, forecast=_forecast_of(principal, forecasts))))
     except JobNotFound:
-        raise _not_found(job_id) from None
+        raise _not_found() from None
 
 
 @router.post(
@@ -126,7 +165,7 @@ def cancel_job(job_id: str, request: Request, db: Db, principal: Submitter, fore
             db.lock_across_replicas(session)
             cancel.request_cancel(session, tenant=principal.tenant, job_id=job_id)
     except JobNotFound:
-        raise _not_found(job_id) from None
+        raise _not_found() from None
     request.app.state.dispatcher.wake()
     with db.session() as session:
         return ModelResponse(reads.read_job(session, tenant=principal.tenant, job_id=job_id,
@@ -186,7 +225,7 @@ def _job_of(session, principal, job_id: str) -> Job:
     try:
         return reads.get_job(session, tenant=principal.tenant, job_id=job_id)
     except JobNotFound:
-        raise _not_found(job_id) from None
+        raise _not_found() from None
 
 
 @router.get("/{job_id}/events", response_model=list[JobEventRead], responses=_READS,
@@ -310,11 +349,14 @@ def job_metrics(
         return reads.list_metrics(session, job=_job_of(session, principal, job_id), event=event, limit=limit)
 
 
+_NOT_THIS_JOBS = "wrong report token: not this job's (a missing job answers alike)"
+
+
 @router.post(
     "/{job_id}/reports",
     status_code=status.HTTP_204_NO_CONTENT,
-    responses=errors.responses(401, 404, s401="No report token was sent.",
-                               s404="No such job for this token: a missing job and a wrong token answer alike."),
+    responses=errors.responses(401, s401="No report token, or not this job's: a missing job and a wrong token "
+                                         "answer alike."),
     summary="Trainer progress report (rank 0, per-job token)",
 )
 def report(
@@ -327,13 +369,19 @@ def report(
     if not token:  # said before the job is looked up: the answer is the same whether it exists or not
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="missing report token: send `Authorization: "
                             "Bearer <the job's report token>`", headers={"WWW-Authenticate": "Bearer"})
+    # Trainers hold a token for their own job only, so the job is found by id alone, then the token checked. A
+    # wrong token answers exactly as a missing job does (a report token of one job, or none, must not tell which
+    # other jobs exist), and costs one indexed read: the write lock is only taken for a token that matched.
+    known = ids.is_job_id(job_id)
+    with db.session() as session:
+        expected = session.scalar(select(Job.report_token_hash).where(Job.id == job_id)) if known else None
+    if not reports.verify_report_token(expected, token):
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail=_NOT_THIS_JOBS, headers={"WWW-Authenticate": "Bearer"})
     with db.session(write=True) as session:
-        # Trainers hold a token for their own job only, so the job is found by id alone, then the token checked.
-        # A wrong token answers exactly as a missing job does: a report token of one job (or none) must not
-        # tell which other jobs exist.
-        job = session.scalar(select(Job).where(Job.id == job_id).with_for_update()) if ids.is_job_id(
-            job_id) else None
-        if not reports.verify_report_token(job, token):
-            raise _not_found(job_id)
+        job = session.scalar(select(Job).where(Job.id == job_id).with_for_update())
+        # Again under the lock: a restart since the read gives the job a new token, and the old one is refused.
+        if job is None or not reports.verify_report_token(job.report_token_hash, token):
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail=_NOT_THIS_JOBS,
+                                headers={"WWW-Authenticate": "Bearer"})
         reports.apply_report(session, job=job, record=record)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -165,13 +165,13 @@ def submit_many(
         if key in known:
             # A job stored before spec hashes were kept (NULL) answers any repeat, as it always did.
             if known[key].spec_hash not in (None, submission.spec_hash):
-                outcomes[i] = _key_reused(submission.idempotency_key)
+                outcomes[i] = _key_reused()
             else:
                 outcomes[i] = (_read_stored(session, known[key], tenant=tenant), False)
             continue
         if key in first_with_key:
             if submissions[first_with_key[key]].spec_hash != submission.spec_hash:
-                outcomes[i] = _key_reused(submission.idempotency_key)
+                outcomes[i] = _key_reused()
             else:
                 repeats.append((i, first_with_key[key]))  # answered below, from the job the first one creates
             continue
@@ -216,8 +216,8 @@ def submit_many(
     return outcomes
 
 
-def _key_reused(key: str | None) -> KeyReused:
-    return KeyReused(f"header.idempotency-key: {key!r} was used before with a different spec; resend the same "
+def _key_reused() -> KeyReused:
+    return KeyReused("header.idempotency-key: this key was used before with a different spec; resend the same "
                      "spec to get that job, or use a new key for a new job")
 
 
@@ -288,7 +288,7 @@ def _with_priority_class(spec: JobSpec, *, tenant: Row, classes: dict[str, int])
     priority = spec.priority
     if spec.priority_class is not None:
         if spec.priority_class not in classes:
-            raise CannotRun(f"priority_class: {spec.priority_class!r} is not one of the platform's classes ({names})")
+            raise CannotRun(f"priority_class: not one of the platform's classes ({names})")
         priority = classes[spec.priority_class]
     limit = getattr(tenant, "max_priority_class", None)
     if limit is not None and limit in classes and priority > classes[limit]:

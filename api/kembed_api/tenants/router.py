@@ -41,11 +41,11 @@ TokenId = Annotated[int, Path(ge=1, le=2**31 - 1, description="The token's id (f
 def _tenant_for(principal: Principal, session, name: str) -> Tenant:
     """The named tenant, if the caller may see it: its own, or any for a platform admin. Else 404."""
     if (principal.role is not Role.PLATFORM_ADMIN and principal.tenant.name != name) or not _TENANT_NAME.match(name):
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"tenant {name!r} not found")
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "tenant not found")
     try:
         return service.get_tenant(session, name=name)
     except service.TenantNotFound:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"tenant {name!r} not found") from None
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "tenant not found") from None
 
 
 _BAD_POLICY = "Invalid body, or a storage prefix no tenant may be granted (`detail` says which and why)."
@@ -76,7 +76,7 @@ def _check_priority_class(request: Request, sharing: SharingSpec | None) -> None
     classes = request.app.state.settings.priority_classes
     if sharing is not None and sharing.max_priority_class is not None and sharing.max_priority_class not in classes:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
-                            f"sharing.max_priority_class: {sharing.max_priority_class!r} is not one of the "
+                            "sharing.max_priority_class: not one of the "
                             f"platform's priority classes ({', '.join(sorted(classes, key=classes.get))})")
 
 

@@ -132,7 +132,7 @@ def create_tenant(session: Session, *, name: str, quota: QuotaSpec, sharing: Sha
         with session.begin_nested():
             session.add(tenant)
     except IntegrityError:
-        raise TenantExists(f"tenant {name!r} already exists") from None
+        raise TenantExists("a tenant of that name already exists") from None
     return tenant
 
 
