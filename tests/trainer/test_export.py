@@ -129,7 +129,7 @@ def test_unknown_table_and_word_are_clear_errors(tmp_path, ckpt_uri):
     step = latest_step(ckpt_uri)
     with pytest.raises(export.ExportError, match=r"table: not in this checkpoint \(its tables: \['country'"):
         export.read_table(step, "nope")
-    with pytest.raises(export.ExportError, match=r"id 5000 outside \[0, 1000\)"):
+    with pytest.raises(export.ExportError, match=r"word: an id of table .item. is in \[0, 1000\)"):
         export.neighbours(export.read_table(step, "item"), "5000")
     with pytest.raises(export.ExportError, match="format 'csv'"):
         export.write(export.read_table(step, "item"), "csv", io.BytesIO())
