@@ -65,8 +65,9 @@ def test_a_gang_gets_the_headless_service_its_ranks_find_rank_0_through():
 
 
 def test_a_config_too_large_for_annotations_goes_into_a_config_map():
+    # As large as the spec's bounds let a config be in tables and features (names of 100 characters).
     tables = [{"name": f"t{i}", "num_embeddings": 10, "embedding_dim": 8,
-               "features": [f"feature_{i:04d}_{j}" for j in range(4)]} for i in range(800)]
+               "features": [f"feature_{i:04d}_{j}_".ljust(100, "x") for j in range(4)]} for i in range(256)]
     builder = operator_job("big").with_gpus(1).with_trainer(embeddings={"tables": tables})
     job, side = _children(builder)
     assert [(c["kind"], c["metadata"]["name"]) for c in side] == [("ConfigMap", "demo")]
