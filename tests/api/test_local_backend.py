@@ -1,13 +1,9 @@
 """The local backend's admission checks and its trainers' logs (its process handling is tested for real in
 tests/e2e, its confinement in tests/security/test_trainer_confinement.py)."""
 
-import http.server
 import json
 import shutil
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,6 +17,7 @@ from kembed_api.backends.local import LocalBackend
 from kembed_api.settings import Settings
 from kembed_contract.spec import JobSpec
 from tests.builders import make_spec
+from tests.fixtures.report_sink import report_sink
 
 
 @pytest.fixture
@@ -45,26 +42,6 @@ def test_capacity_is_the_slots_in_trainer_processes(local):
 
 
 # ---- logs: bounded on disk, read from the end, streamed ------------------------------------------------------
-@contextmanager
-def _report_sink() -> Iterator[str]:
-    class Ack(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ack)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/reports"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 @pytest.mark.slow
 def test_a_log_flood_stays_under_the_cap_and_keeps_its_newest_output(tmp_path):
     """A real trainer logging every step: its log on disk never grows past the cap, the newest records stay, and
@@ -72,7 +49,7 @@ def test_a_log_flood_stays_under_the_cap_and_keeps_its_newest_output(tmp_path):
     cap = 64 * 1024
     backend = LocalBackend(data_dir=tmp_path, slots=1, stop_grace_s=10, log_bytes_per_node=cap)
     spec = make_spec("flood").with_steps(1500, checkpoint_every=0).with_trainer(training={"log_every": 1}).build()
-    with _report_sink() as url:
+    with report_sink() as url:
         backend.start(Launch(job_id="flood-m9n0p", tenant="t", spec=JobSpec.model_validate(spec), attempt=1,
                              report_url=url, report_token="t"))
         deadline = time.monotonic() + 300

@@ -8,11 +8,9 @@ the platform's keys never reach a trainer.
 
 from __future__ import annotations
 
-import http.server
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,6 +28,7 @@ from kembed_contract.storage_policy import POLICY_ENV, StoragePolicy
 from kembed_platform.tenant_credentials import PLATFORM_CREDENTIAL_VARS, TenantCredentials, trainer_environ
 from tests.builders import make_spec
 from tests.fixtures.iam_s3 import IamS3Server, run_iam_s3
+from tests.fixtures.report_sink import report_sink
 from tests.trainer.conftest import records
 
 BUCKET = "ckpt"
@@ -62,22 +61,10 @@ def platform_env(iam_s3, monkeypatch) -> dict[str, str]:
     return iam_s3.platform_env
 
 
-@pytest.fixture(scope="module")
-def report_sink() -> Iterator[str]:
-    """Somewhere for trainers' reports to land (acknowledged, so a trainer does not wait for an API at exit)."""
-    class Ack(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ack)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/reports"
-    server.shutdown()
+@pytest.fixture(scope="module", name="report_sink")
+def report_sink_url() -> Iterator[str]:
+    with report_sink() as url:
+        yield url
 
 
 def _policy(tenant: str) -> StoragePolicy:

@@ -4,15 +4,11 @@ sandboxed trainer reaches only the ports it needs."""
 
 from __future__ import annotations
 
-import http.server
 import os
 import random
 import socket
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,27 +21,7 @@ from kembed_contract.lifecycle import OOM_KILLED
 from kembed_contract.spec import JobSpec
 from kembed_platform import sandbox
 from tests.builders import make_spec
-
-
-@contextmanager
-def report_sink(port: int = 0) -> Iterator[str]:
-    """Somewhere for trainers' reports to land (acknowledged, so a trainer does not wait for an API at exit)."""
-    class Ack(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Ack)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/reports"
-    finally:
-        server.shutdown()
-        server.server_close()
+from tests.fixtures.report_sink import report_sink
 
 
 def _fixed_port_listener() -> socket.socket:
