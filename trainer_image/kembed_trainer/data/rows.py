@@ -48,29 +48,38 @@ def unit_hash(x: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass
 class Rows:
-    dense: torch.Tensor  # [n, num_dense] float32
-    labels: torch.Tensor  # [n] float32
-    offsets: list[torch.Tensor]  # per feature [n + 1] int64
-    values: list[torch.Tensor]  # per feature [offsets[-1]] int64
+    """NumPy arrays, so the reader thread's gathers run on one core beside training's torch threads (torch's own
+    ops there would compete with the step for its intra-op threads); `batch()` hands them to torch without a copy.
+    A feature with exactly one id per row keeps no offsets (most click-log columns): a gather is then one take."""
+
+    dense: np.ndarray  # [n, num_dense] float32
+    labels: np.ndarray  # [n] float32
+    offsets: list[np.ndarray | None]  # per feature [n + 1] int64, or None: one id per row
+    values: list[np.ndarray]  # per feature [offsets[-1]] (or [n]) int64
 
     @property
     def num_rows(self) -> int:
         return self.labels.shape[0]
 
-    def take(self, idx: torch.Tensor) -> Rows:
+    def take(self, idx: np.ndarray) -> Rows:
         offsets, values = [], []
         for off, vals in zip(self.offsets, self.values, strict=True):
+            if off is None:
+                offsets.append(None)
+                values.append(vals[idx])
+                continue
             starts, lens = off[idx], off[idx + 1] - off[idx]
-            ends = torch.cumsum(lens, 0)
+            ends = np.cumsum(lens)
             # Positions of every id of the chosen rows, without a Python loop over rows.
-            base = torch.repeat_interleave(starts - (ends - lens), lens)
-            values.append(vals[base + torch.arange(int(ends[-1]) if len(ends) else 0)])
-            offsets.append(torch.cat([torch.zeros(1, dtype=torch.int64), ends]))
+            base = np.repeat(starts - (ends - lens), lens)
+            values.append(vals[base + np.arange(len(base))])
+            offsets.append(np.concatenate([[0], ends]).astype(np.int64))
         return Rows(self.dense[idx], self.labels[idx], offsets, values)
 
     def slice(self, lo: int, hi: int) -> Rows:
-        offsets = [off[lo : hi + 1] - off[lo] for off in self.offsets]
-        values = [vals[off[lo] : off[hi]] for off, vals in zip(self.offsets, self.values, strict=True)]
+        offsets = [None if off is None else off[lo : hi + 1] - off[lo] for off in self.offsets]
+        values = [vals[lo:hi] if off is None else vals[off[lo] : off[hi]]
+                  for off, vals in zip(self.offsets, self.values, strict=True)]
         return Rows(self.dense[lo:hi], self.labels[lo:hi], offsets, values)
 
     @staticmethod
@@ -79,19 +88,26 @@ class Rows:
             return parts[0]
         offsets = []
         for f in range(len(parts[0].offsets)):
-            ends = [p.offsets[f][1:] for p in parts]
-            shift = torch.cumsum(torch.tensor([0] + [int(e[-1]) if len(e) else 0 for e in ends[:-1]]), 0)
-            offsets.append(torch.cat([torch.zeros(1, dtype=torch.int64), *(e + s for e, s in zip(ends, shift))]))
+            if all(p.offsets[f] is None for p in parts):
+                offsets.append(None)
+                continue
+            lengths = np.concatenate([p.lengths(f) for p in parts])
+            offsets.append(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
         return Rows(
-            torch.cat([p.dense for p in parts]),
-            torch.cat([p.labels for p in parts]),
+            np.concatenate([p.dense for p in parts]),
+            np.concatenate([p.labels for p in parts]),
             offsets,
-            [torch.cat([p.values[f] for p in parts]) for f in range(len(parts[0].values))],
+            [np.concatenate([p.values[f] for p in parts]) for f in range(len(parts[0].values))],
         )
 
+    def lengths(self, f: int) -> np.ndarray:
+        off = self.offsets[f]
+        return np.ones(self.num_rows, np.int64) if off is None else np.diff(off)
+
     def batch(self) -> Batch:
-        lengths = [off[1:] - off[:-1] for off in self.offsets]
-        return Batch(self.dense, torch.cat(self.values), torch.cat(lengths), self.labels)
+        lengths = np.concatenate([self.lengths(f) for f in range(len(self.values))])
+        return Batch(torch.from_numpy(np.ascontiguousarray(self.dense)), torch.from_numpy(np.concatenate(self.values)),
+                     torch.from_numpy(lengths), torch.from_numpy(np.ascontiguousarray(self.labels)))
 
 
 class Columns:
@@ -133,16 +149,15 @@ class Columns:
                 raise ValueError(f"{field}: column {name!r} holds values that are not numbers in {where()}") from None
 
         fill = cfg.missing == "fill"
-        labels = torch.from_numpy(floats(cfg.label, "data.label", fill=False))
-        dense = torch.from_numpy(
-            np.stack([floats(c, f"data.dense.{i}", fill=fill) for i, c in enumerate(cfg.dense)], 1)
-            if cfg.dense else np.zeros((table.num_rows, 0), np.float32)
-        )
+        labels = floats(cfg.label, "data.label", fill=False)
+        dense = (np.stack([floats(c, f"data.dense.{i}", fill=fill) for i, c in enumerate(cfg.dense)], 1)
+                 if cfg.dense else np.zeros((table.num_rows, 0), np.float32))
         offsets, values, raw = [], [], {}
         for feature in self.features:
             lengths, ids, raw_ids = self._ids(table, feature, where)
-            offsets.append(torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)))
-            values.append(torch.from_numpy(ids))
+            single = len(ids) == len(lengths) and bool((lengths == 1).all())
+            offsets.append(None if single else np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+            values.append(ids)
             if raw_ids is not None:
                 raw[feature] = raw_ids
         return Rows(dense, labels, offsets, values), raw

@@ -196,7 +196,7 @@ class TableData:
                         continue
                     part = self._read(reader, unit, trained=False)
                     if not self.eval_units:
-                        part = part.take(torch.from_numpy(np.flatnonzero(~self._train_mask(unit))))
+                        part = part.take(np.flatnonzero(~self._train_mask(unit)))
                     yield part.slice(first, last)
             finally:
                 reader.close()
@@ -243,13 +243,13 @@ class _Windows:
             unit_rows = self._unit_rows(int(order[k]))
             parts.append(unit_rows.slice(max(lo, starts[k]) - starts[k], min(hi, starts[k + 1]) - starts[k]))
         window = rows.Rows.cat(parts)
-        return window.take(torch.from_numpy(plan.permutation(data.seed, _WINDOW, epoch, j, n=hi - lo)))
+        return window.take(plan.permutation(data.seed, _WINDOW, epoch, j, n=hi - lo))
 
     def _unit_rows(self, index: int) -> rows.Rows:
         if self._unit is None or self._unit[0] != index:
             unit = self.data.units[index]
             converted = self.data._read(self.reader, unit, trained=True)
             if self.data._holdout:
-                converted = converted.take(torch.from_numpy(np.flatnonzero(self.data._train_mask(unit))))
+                converted = converted.take(np.flatnonzero(self.data._train_mask(unit)))
             self._unit = (index, converted)
         return self._unit[1]
