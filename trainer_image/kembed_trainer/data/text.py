@@ -19,8 +19,8 @@ import torch
 
 from kembed_trainer import config
 from kembed_trainer.data.batch import Batch
-from kembed_trainer.data.synthetic import _generator
 from kembed_trainer.data.rows import unit_hash
+from kembed_trainer.data.synthetic import _generator
 from kembed_trainer.storage import Guard
 
 __all__ = ["TextData", "tokenize"]
