@@ -255,3 +255,22 @@ def test_the_criteo_layout_reads_with_a_column_mapping(tmp_path, missing, fails)
     assert (batch.lengths == 1).all()  # a missing categorical is its feature's missing id, not an empty bag
     raw = data.raw_ids()
     assert "" in raw["c1"][0] and raw["c1"][1][raw["c1"][0].index("")] != raw["c2"][1][raw["c2"][0].index("")]
+
+
+def test_the_id_index_keeps_the_ids_read_before_a_resume(tmp_path):
+    from tests.trainer.conftest import run_trainer
+
+    write_rows(tmp_path / "rows", 2000)
+    cfg = rows_config(tmp_path / "rows", f"file://{tmp_path}/ckpt")
+    cfg["embeddings"]["tables"][0]["hash_ids"] = True
+    cfg["data"]["shuffle_buffer"] = 50  # a window per step: the resumed run reads none of the first run's rows
+    cfg["training"] = {**cfg["training"], "epochs": None, "steps": 5}
+    cfg["checkpoint"]["every_steps"] = 0
+    assert run_trainer(write_config(tmp_path / "first.yaml", cfg))[0] == 0
+    cfg["training"]["steps"] = 10
+    code, recs, stderr = run_trainer(write_config(tmp_path / "second.yaml", cfg))
+    assert code == 0, stderr
+    assert recs[0]["resumed_from"].endswith("step-5")
+    ids = {step: set(pq.read_table(tmp_path / "ckpt" / f"step-{step}" / "ids" / "rows.rank-0.parquet")["id"]
+                     .to_pylist()) for step in (5, 10)}
+    assert len(ids[5]) >= 5 * 50 and ids[5] < ids[10]

@@ -281,6 +281,10 @@ class Trainer:
             return None
         if "data" in state:
             self.data.load_state_dict(state["data"])
+        if hasattr(self.data, "add_raw_ids"):  # the id index so far: in the chain's full checkpoint
+            full = runtime.chain_of(step, self.checkpointer.markers())[0]
+            self.data.add_raw_ids(row_index.read_raw_ids(self.checkpointer.guard, self.checkpointer.step_uri(full),
+                                                         rank=self.env.rank, world_size=self.env.world_size))
         if self.optimizer is not None:
             set_state_dict(
                 self.model,

@@ -91,6 +91,12 @@ class TableData:
             return {f: (list(ids.values()), np.fromiter(ids.keys(), np.int64, len(ids)))
                     for f, ids in self._raw_ids.items()}
 
+    def add_raw_ids(self, raw: dict[str, tuple[list[str], np.ndarray]]) -> None:
+        """Ids read before a resume (the checkpoint's index), so the index keeps them."""
+        with self._raw_lock:
+            for feature, (texts, hashes) in raw.items():
+                self._raw_ids.setdefault(feature, {}).update(zip(hashes.tolist(), texts, strict=True))
+
     # ------------------------------------------------------------------------------------------- training
     def train_batch(self, step: int) -> Batch:
         """The batch of global `step`; steps are taken in order (a jump, as a resume, restarts the reader)."""
