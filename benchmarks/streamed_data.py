@@ -168,13 +168,11 @@ def memory(sizes: list[float]) -> None:
           ("data", "rows", "steps", "peak RSS MB", "samples/s", "data share", "RSS ratio"))
 
 
-def throughput(gb: float, steps: int) -> None:
+def throughput(gb: float, steps: int, repeats: int) -> None:
+    """Variants interleaved, `repeats` rounds, medians: on a shared machine the load moves between runs."""
     from tests.fixtures.servers import start_moto
 
     uri = str(make(gb))
-    results = {"the same rows pre-read, replayed": run(job(uri, steps=steps), replay=True),
-               "synthetic, generated each step": run(job("", steps=steps, kind="synthetic")),
-               "Parquet, local disk": run(job(uri, steps=steps))}
     proc, endpoint = start_moto(timeout_s=60)
     try:
         import s3fs
@@ -188,10 +186,18 @@ def throughput(gb: float, steps: int) -> None:
         needed = steps * 8192 // (FILE_BYTES // ROW_BYTES) + 1
         for path in sorted(pathlib.Path(uri).glob("*.parquet"))[:needed]:
             fs.put_file(str(path), f"bench/data/{path.name}")
-        results["Parquet, S3 (moto)"] = run(job("s3://bench/data", steps=steps), env)
+        variants = {
+            "the same rows pre-read, replayed": lambda: run(job(uri, steps=steps), replay=True),
+            "synthetic, generated each step": lambda: run(job("", steps=steps, kind="synthetic")),
+            "Parquet, local disk": lambda: run(job(uri, steps=steps)),
+            "Parquet, S3 (moto)": lambda: run(job("s3://bench/data", steps=steps), env),
+        }
+        rounds = [{name: variant() for name, variant in variants.items()} for _ in range(repeats)]
     finally:
         proc.terminate()
         proc.wait()
+    results = {name: {key: float(np.median([r[name][key] for r in rounds]))
+                      for key in ("samples_per_sec", "data_share", "memory_mb")} for name in variants}
     base = results["the same rows pre-read, replayed"]["samples_per_sec"]
     table([(name, f"{r['samples_per_sec']:.0f}", f"{r['samples_per_sec'] / base:.3f}", f"{r['data_share']:.3f}",
             f"{r['memory_mb']:.0f}") for name, r in results.items()],
@@ -228,6 +234,7 @@ def main() -> None:
     p = sub.add_parser("throughput")
     p.add_argument("--gb", type=float, default=1)
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=3)
     sub.add_parser("shuffle").add_argument("--rows", type=int, default=1_000_000)
     sub.add_parser("replay-trainer").add_argument("--config", required=True)  # used by `throughput`
     args = parser.parse_args()
@@ -237,7 +244,7 @@ def main() -> None:
     elif args.command == "memory":
         memory(args.gb)
     elif args.command == "throughput":
-        throughput(args.gb, args.steps)
+        throughput(args.gb, args.steps, args.repeats)
     elif args.command == "replay-trainer":
         sys.exit(replay_trainer(args.config))
     else:
