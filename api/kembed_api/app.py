@@ -30,7 +30,7 @@ from kembed_api.settings import Backend as BackendKind
 from kembed_api.settings import Settings
 from kembed_api.storage import PlatformStorage
 from kembed_api.tenants import router as tenants_router
-from kembed_api.tenants.service import ensure_tenant, fill_unset_storage
+from kembed_api.tenants.service import ensure_tenant, fill_unset_storage, grant_read
 from kembed_platform.tenant_credentials import TenantCredentials
 
 __all__ = ["ADMIN_TOKEN_FILE", "create_app"]
@@ -81,6 +81,8 @@ def _bootstrap(settings: Settings, db: Database, storage: PlatformStorage) -> No
     with db.session(write=True) as session:
         db.lock_across_replicas(session)  # replicas starting together on a new database bootstrap one at a time
         tenant = ensure_tenant(session, name=settings.default_tenant, quota=settings.default_quota)
+        if settings.default_tenant_read_prefixes:
+            grant_read(tenant, settings.default_tenant_read_prefixes, storage=storage)
         fill_unset_storage(session, storage=storage)
         minted = ensure_bootstrap_token(session, tenant=tenant, secret=secret) if settings.auth else None
     if minted:

@@ -88,6 +88,9 @@ def serve(
     ),
     slots: Annotated[int | None, typer.Option(help="Trainer processes run at once (default: cores).")] = None,
     workers: Annotated[int | None, typer.Option(help="HTTP worker processes (default 1, or KEMBED_WORKERS).")] = None,
+    read_prefix: Annotated[list[str] | None, typer.Option(
+        "--read-prefix", help="A folder (or file://, s3:// prefix) the default tenant's jobs may read from now on, "
+        "e.g. your own data; repeat for more.")] = None,
 ) -> None:
     """Run the embedded server: API + SQLite + local backend, on this machine."""
     import uvicorn
@@ -100,6 +103,9 @@ def serve(
         overrides["local_slots"] = slots
     if workers is not None:
         overrides["workers"] = workers
+    if read_prefix:
+        overrides["default_tenant_read_prefixes"] = [str(Path(p).expanduser().absolute()) if "://" not in p else p
+                                                     for p in read_prefix]
     settings = Settings(**overrides)
     console.print(f"kembed serving on [bold]http://{host}:{port}[/bold] (data in {settings.data_dir}"
                   + (f", {settings.workers} worker processes)" if settings.workers > 1 else ")"))

@@ -3,7 +3,7 @@
 One estimate, one place: the answer's `estimates`, the check at submission against `resources.memory_per_node`
 and the local backend's check against this machine all read `memory_per_rank`. It counts what grows with the
 config (tables, optimizer state, dense model, a step's batch, an eval's gathered scores, synthetic data's per-id
-tables), not the interpreter and libraries every rank also loads (`_BASELINE_BYTES`).
+tables, table data's shuffle windows: never the data's own size, as it is streamed), not the interpreter and libraries every rank also loads (`_BASELINE_BYTES`).
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ class MemoryEstimate:
         parts = ", ".join(f"{name} {_gib(getattr(self, name))}"
                           for name in ("tables", "dense", "batch", "eval", "data", "baseline"))
         return f"{_gib(self.total)} per rank ({parts})"
+
+
+_TABLE_WINDOWS = 3
 
 
 def _gib(num_bytes: float) -> str:
@@ -144,6 +147,12 @@ def memory_per_rank(trainer: TrainerConfig, *, world_size: int = 1) -> MemoryEst
     if trainer.data.kind == "synthetic":
         data_bytes = sum(t.num_embeddings * len(t.features) for t in trainer.embeddings.tables)
         data_bytes *= _SYNTHETIC_BYTES_PER_ID
+    elif trainer.data.kind == "table":
+        # Table data is streamed, whatever its size: the reader holds shuffle windows (one being read, one queued,
+        # one being trained on; kembed_trainer.data.table) of float32 label and dense values, and per id its
+        # int64 value and offset.
+        row = (trainer.data.num_dense + 1) * _BYTES_PER_FLOAT + num_features * hot * _BYTES_PER_ID * 2
+        data_bytes = _TABLE_WINDOWS * trainer.data.shuffle_buffer * row
 
     return MemoryEstimate(
         tables=table_memory_bytes_per_rank(trainer, world_size=world_size),

@@ -64,6 +64,12 @@ class Settings(MintingSettings, BaseSettings):
         "read and write its own checkpoint folder <checkpoint_root>/<tenant>, never the data dir or another "
         "tenant's folder (docs/security.md). JSON list in the environment.",
     )
+    default_tenant_read_prefixes: list[str] = Field(
+        default_factory=list,
+        description="URI prefixes (or absolute paths) added at start to what the default tenant's jobs may read "
+        "(kept in its policy afterwards): `kembed serve --read-prefix ~/data` lets a newcomer train on their own "
+        "files. JSON list in the environment.",
+    )
     storage_write_prefixes: list[str] = Field(
         default_factory=list,
         description="URI prefixes a new tenant's jobs may write (and read): checkpoints and exports outside "

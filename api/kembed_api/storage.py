@@ -17,9 +17,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kembed_contract.storage_policy import ALWAYS_DENIED, StoragePolicy, UriError, canonical_uri, is_under
+from kembed_contract.storage_policy import (
+    ALWAYS_DENIED,
+    Access,
+    StoragePolicy,
+    UriError,
+    canonical_uri,
+    is_under,
+)
 
-__all__ = ["PlatformStorage"]
+__all__ = ["PlatformStorage", "how_to_grant"]
+
+
+def how_to_grant(tenant: str, access: Access | None) -> str:
+    """The commands that would allow a refused URI: said with the refusal, so a newcomer is not stuck on it."""
+    flag = "--write-prefix" if access is Access.WRITE else "--read-prefix"
+    embedded = " or, on the embedded server, restart it with `kembed serve --read-prefix FOLDER`" if flag == "--read-prefix" else ""
+    return (f"a platform admin allows a prefix with `kembed tenants set-storage {tenant} {flag} PREFIX` (it replaces "
+            f"the tenant's prefixes: repeat those to keep){embedded}")
 
 
 @dataclass(frozen=True)

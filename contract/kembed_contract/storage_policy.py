@@ -71,6 +71,10 @@ class Access(StrEnum):
 class StorageDenied(PermissionError):
     """A URI outside the storage policy (the message names the field and the allowed prefixes)."""
 
+    def __init__(self, message: str, access: Access | None = None) -> None:
+        super().__init__(message)
+        self.access = access  # what was refused, so the API can say how to grant it
+
 
 # ----------------------------------------------------------------------------------------------- canonical form
 def _refuse_characters(text: str) -> None:
@@ -206,7 +210,8 @@ class StoragePolicy:
             # The URI itself is not repeated: what the caller sent is theirs, where a symlink led is not.
             verb = "write" if access is Access.WRITE else "read"
             allowed = ", ".join(self.allowed(access)) or "(nothing)"
-            raise StorageDenied(f"{where}: outside the tenant's storage policy; jobs may {verb} under: {allowed}")
+            raise StorageDenied(f"{where}: outside the tenant's storage policy; jobs may {verb} under: {allowed}",
+                                access)
         return canonical
 
     def to_json(self) -> str:

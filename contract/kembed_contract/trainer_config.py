@@ -282,6 +282,16 @@ class TableDataConfig(_Strict):
     multi_hot_separator: str = Field("|", min_length=1, max_length=8)
     eval_uri: OptionalReadUri = Field(None, description="Held-out rows; without it `eval_fraction` of the rows.")
     eval_fraction: Fraction = 0.1
+    columns: list[Name] | None = Field(
+        None, max_length=4096,
+        description="CSV/TSV without a header row: the columns' names, in order (e.g. Criteo's label, i1..i13, "
+        "c1..c26). Null: the first line of each file names them.")
+    shuffle_buffer: _int(1, 1 << 24) = Field(
+        1 << 18, description="Rows shuffled together: each epoch orders the row groups (CSV blocks) anew, then "
+        "permutes each window of this many rows. Memory: about three windows of rows.")
+    missing: Literal["fill", "error"] = Field(
+        "fill", description="A null in a dense or sparse column: fill = a dense 0, and for a hashed feature its own "
+        "missing id (an empty bag for plain integer ids); error = the job fails naming the file, row and column.")
 
     @property
     def num_dense(self) -> int:

@@ -19,8 +19,9 @@ from kembed_api.ports import free_port
 
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, *, slots: int = 2, workers: int = 1, env: dict[str, str] | None = None) -> None:
-        self.data_dir, self.slots, self.workers, self.env = data_dir, slots, workers, env or {}
+    def __init__(self, data_dir: Path, *, slots: int = 2, workers: int = 1, env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()) -> None:
+        self.data_dir, self.slots, self.workers, self.env, self.args = data_dir, slots, workers, env or {}, args
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
@@ -30,7 +31,7 @@ class ServerProcess:
         log = open(self.data_dir.parent / f"server-{self.port}.log", "ab")  # noqa: SIM115
         self.process = subprocess.Popen(
             [sys.executable, "-m", "kembed_api.cli", "serve", "--port", str(self.port),
-             "--data-dir", str(self.data_dir), "--slots", str(self.slots), "--workers", str(self.workers)],
+             "--data-dir", str(self.data_dir), "--slots", str(self.slots), "--workers", str(self.workers), *self.args],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "KEMBED_STOP_GRACE_S": "60", **self.env},
         )

@@ -3,9 +3,10 @@
 A checkpoint's `step-N/` holds, besides DCP's files:
 - `tables.json` (rank 0): every table (name, rows, width, features, whether ids are hashed) and, for word2vec,
   the vocabulary: row i of the `center` and `context` tables is the word `vocabulary[i]`.
-- `ids/<table>.rank-<r>.parquet` (each rank, hashed tables of table data only): the distinct raw ids that rank's
-  training rows hold, as text, and the row each one hashes to (`feature`, `id`, `row`). Several ids may share a
-  row (a hash collision); the union over ranks is every id trained on.
+- `ids/<table>.rank-<r>.parquet` (each rank, hashed tables of table data only): the distinct raw ids that rank has
+  read, as text, the row each one hashes to and the int64 it hashes from (`feature`, `id`, `row`, `hash`). Several
+  ids may share a row (a hash collision); the union over ranks is every id trained on. Table data is streamed, so
+  a resumed rank starts from the index of the checkpoint it resumed from (`read_raw_ids`).
 Tables whose ids are not hashed need no such file: raw id i is row i.
 """
 
@@ -15,6 +16,7 @@ import io
 import json
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -22,7 +24,7 @@ import torch
 from kembed_contract import trainer_config as config
 from kembed_trainer import embedding
 
-__all__ = ["IDS_DIR", "TABLES_FILE", "checkpoint_files", "ids_file"]
+__all__ = ["IDS_DIR", "TABLES_FILE", "checkpoint_files", "ids_file", "read_raw_ids"]
 
 TABLES_FILE = "tables.json"
 IDS_DIR = "ids"
@@ -67,7 +69,7 @@ def checkpoint_files(cfg: config.TrainerConfig, data: Any, *, rank: int) -> dict
     for table in cfg.embeddings.tables:
         if rows_meaning(cfg, table) != "hashed_ids":
             continue
-        features, ids, rows = [], [], []
+        features, ids, rows, all_hashes = [], [], [], []
         for feature in table.features:
             if feature not in raw_ids:
                 continue
@@ -75,9 +77,36 @@ def checkpoint_files(cfg: config.TrainerConfig, data: Any, *, rank: int) -> dict
             features += [feature] * len(texts)
             ids += texts
             rows.append(embedding.hash_rows(torch.from_numpy(hashes), table.num_embeddings).numpy())
+            all_hashes.append(hashes)
         out = io.BytesIO()
         row_array = pa.array(torch.cat([torch.from_numpy(r) for r in rows]).numpy() if rows else [], pa.int64())
+        hash_array = pa.array(np.concatenate(all_hashes) if all_hashes else [], pa.int64())
         pq.write_table(pa.table({"feature": pa.array(features, pa.string()), "id": pa.array(ids, pa.string()),
-                                 "row": row_array}), out)
+                                 "row": row_array, "hash": hash_array}), out)
         files[ids_file(table.name, rank)] = out.getvalue()
     return files
+
+
+def read_raw_ids(guard: Any, step_uri: str, *, rank: int, world_size: int) -> dict[str, tuple[list[str], np.ndarray]]:
+    """The raw ids a checkpoint's index lists for the ranks this rank takes over (old rank r goes to r mod
+    world_size), per feature as `raw_ids()` gives them; none from an index written before it kept the hashes."""
+    try:
+        files = guard.list_files(f"{step_uri}/{IDS_DIR}", where="checkpoint.uri")
+    except FileNotFoundError:
+        return {}
+    found: dict[str, tuple[list[str], list[np.ndarray]]] = {}
+    for uri in files:
+        name = uri.rsplit("/", 1)[-1]
+        old_rank = name.removesuffix(".parquet").rsplit(".rank-", 1)[-1]
+        if not old_rank.isdigit() or int(old_rank) % world_size != rank:
+            continue
+        with guard.open(uri, "rb", where="checkpoint.uri") as f:
+            ids = pq.read_table(f)
+        if "hash" not in ids.column_names:
+            continue
+        for feature, text, hashed in zip(ids["feature"].to_pylist(), ids["id"].to_pylist(),
+                                         ids["hash"].to_numpy(), strict=True):
+            texts, hashes = found.setdefault(feature, ([], []))
+            texts.append(text)
+            hashes.append(hashed)
+    return {f: (texts, np.array(hashes, dtype=np.int64)) for f, (texts, hashes) in found.items()}

@@ -56,8 +56,6 @@ class Trainer:
         self.data = data.build_data(cfg, rank=env.rank, world_size=env.world_size, guard=guard,
                                     ratings=self.task.ratings)
         self.total_steps, self.dataset = self._size_up_data()
-        # What each row stands for (vocabulary, hashed ids), saved with every checkpoint (row_index.py).
-        self._row_files = row_index.checkpoint_files(cfg, self.data, rank=env.rank) if cfg.checkpoint.uri else {}
         dense = models.build_dense_model(cfg).to(env.device)
         self.dense = dense  # unwrapped: two-tower's encode() for recall@k
         metric, higher = cfg.best_metric
@@ -113,6 +111,9 @@ class Trainer:
         signal.signal(signal.SIGTERM, _weakly(self._request_stop))
         resumed_from = self.restore()
         malloc.trim()  # the checkpoint's read buffers
+        if self.cfg.training.epochs is not None and hasattr(self.data, "total_steps"):
+            # Streamed data knows where its epochs end from its position (a resume at another world size moves it).
+            self.total_steps = self.data.total_steps(self.cfg.training.epochs, self.step)
         total = self.total_steps
         self.reporter.emit(
             runtime.EVENT_STARTED,
@@ -126,9 +127,9 @@ class Trainer:
         window = _Window()
         while self.step < total:
             started = time.perf_counter()
-            loss = self.train_step()
+            loss, data_seconds = self.train_step()
             self.step += 1
-            stop = self._sync_stop_and_loss(loss, window, started)
+            stop = self._sync_stop_and_loss(loss, window, started, data_seconds)
             if self._due(self.cfg.training.log_every):
                 stats = {**window.flush(self), **self.masks.stats()}
                 self.reporter.emit(runtime.EVENT_PROGRESS, self.step, total_steps=total, **stats)
@@ -174,6 +175,8 @@ class Trainer:
             self.checkpointer.close()
         if self.skipgram:
             self.skipgram.close()
+        if hasattr(self.data, "close"):
+            self.data.close()  # the reader's thread
 
     # ------------------------------------------------------------------------------------------- steps
     def _compiled_skipgram(self):
@@ -190,13 +193,16 @@ class Trainer:
             world_size=self.env.world_size,
         )
 
-    def train_step(self) -> torch.Tensor:
+    def train_step(self) -> tuple[torch.Tensor, float]:
+        """One step; (its loss, the seconds it spent getting its batch)."""
         if self.skipgram:
-            return self.skipgram.step(self.step)
+            return self.skipgram.step(self.step), 0.0
         self.embeddings.lr = sparse_optim.learning_rate(
             self.cfg.optimizer.sparse, self.step, self.total_steps
         )
+        fetching = time.perf_counter()
         batch = self.data.train_batch(self.step).to(self.env.device)
+        data_seconds = time.perf_counter() - fetching
         pooled = self.embeddings(batch)  # tables stay float32, whatever the dense precision
         with self._autocast():
             loss = self.task.loss(self.model(batch.dense, pooled), batch.labels)
@@ -209,7 +215,7 @@ class Trainer:
             self.optimizer.step()
             self.masks.after_optimizer()
         self.embeddings.step(self.step)
-        return loss.detach()
+        return loss.detach(), data_seconds
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -258,6 +264,8 @@ class Trainer:
         }
         if masks := self.masks.state_dict():
             state["sparsity"] = masks
+        if hasattr(self.data, "state_dict"):
+            state["data"] = self.data.state_dict()  # the reader's position: a resume continues the epoch
         if self.optimizer is not None:
             state["model"], state["optimizer"] = get_state_dict(self.model, self.optimizer)
         return state
@@ -266,10 +274,17 @@ class Trainer:
         if self.checkpointer is None:
             return None
         state = self.state_dict()
-        # Checkpoints written before the best eval was kept lack it: they resume with no best yet.
-        step = self.checkpointer.load_latest(state, optional=("trainer.best",))
+        # Checkpoints written before the best eval (or the data's position) was kept lack it: they resume with no
+        # best yet (and the data's position counted from the step, as if no run before had another world size).
+        step = self.checkpointer.load_latest(state, optional=("trainer.best", "data"))
         if step is None:
             return None
+        if "data" in state:
+            self.data.load_state_dict(state["data"])
+        if hasattr(self.data, "add_raw_ids"):  # the id index so far: in the chain's full checkpoint
+            full = runtime.chain_of(step, self.checkpointer.markers())[0]
+            self.data.add_raw_ids(row_index.read_raw_ids(self.checkpointer.guard, self.checkpointer.step_uri(full),
+                                                         rank=self.env.rank, world_size=self.env.world_size))
         if self.optimizer is not None:
             set_state_dict(
                 self.model,
@@ -292,7 +307,8 @@ class Trainer:
         if self._saved_step != self.step:
             started = time.perf_counter()  # training stalls from here until the state is copied
             kind = self.checkpointer.next_kind()
-            state, files = self.state_dict(), self._row_files
+            # What each row stands for (vocabulary, hashed ids read so far), saved with every checkpoint (row_index.py).
+            state, files = self.state_dict(), row_index.checkpoint_files(self.cfg, self.data, rank=self.env.rank)
             if kind == runtime.CHECKPOINT_DELTA:
                 tables = state.pop(delta.TABLES_KEY)
                 state[delta.DELTA_KEY] = delta.extract(tables, self.embeddings.changes(self.env.rank), self.env.rank)
@@ -350,13 +366,13 @@ class Trainer:
     def _request_stop(self, signum, frame) -> None:
         self.stop_requested = True  # acted on between steps, so the checkpoint holds a whole step
 
-    def _sync_stop_and_loss(self, loss: torch.Tensor, window: _Window, started: float) -> bool:
+    def _sync_stop_and_loss(self, loss: torch.Tensor, window: _Window, started: float, data_seconds: float) -> bool:
         """One small all-reduce per step: the mean loss, and whether any rank was asked to stop."""
         flags = torch.stack([loss.float(), torch.tensor(float(self.stop_requested), device=loss.device)])
         if self.env.distributed:
             dist.all_reduce(flags)
             flags[0] /= self.env.world_size
-        window.add(flags[0].item(), self.embeddings.last_unique_rows, time.perf_counter() - started)
+        window.add(flags[0].item(), self.embeddings.last_unique_rows, time.perf_counter() - started, data_seconds)
         return bool(flags[1].item() > 0)
 
 
@@ -378,13 +394,14 @@ class _Window:
         self._reset()
 
     def _reset(self) -> None:
-        self.seconds, self.steps, self.loss, self.unique = 0.0, 0, 0.0, 0
+        self.seconds, self.steps, self.loss, self.unique, self.data_seconds = 0.0, 0, 0.0, 0, 0.0
 
-    def add(self, loss: float, unique: int, seconds: float) -> None:
+    def add(self, loss: float, unique: int, seconds: float, data_seconds: float) -> None:
         self.steps += 1
         self.loss += loss
         self.unique += unique
         self.seconds += seconds
+        self.data_seconds += data_seconds
 
     def flush(self, trainer: Trainer) -> dict[str, float]:
         elapsed = max(self.seconds, 1e-9)
@@ -394,6 +411,7 @@ class _Window:
             "samples_per_sec": round(samples / elapsed, 1),
             "unique_ids_per_step": round(self.unique / max(self.steps, 1), 1),
             "memory_mb": round(metrics.peak_memory_mb(trainer.env.device), 1),
+            "data_share": round(self.data_seconds / elapsed, 4),
         }
         self._reset()
         return out

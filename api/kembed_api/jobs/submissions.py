@@ -22,7 +22,7 @@ from kembed_api.jobs.models import Job, JobEvent
 from kembed_api.jobs.reads import no_forecast, read_job, to_read
 from kembed_api.jobs.schemas import JobEventRead, JobRead
 from kembed_api.jobs.transitions import queue_changed
-from kembed_api.storage import PlatformStorage
+from kembed_api.storage import PlatformStorage, how_to_grant
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import ceiling_of, policy_of
 from kembed_contract import runtime
@@ -260,7 +260,9 @@ def _new_job(spec: JobSpec, *, tenant: Row, storage: PlatformStorage, now: datet
     try:
         # Every URI of the spec, canonical and inside the tenant's policy; the spec is stored with those forms.
         canonicalize_fields(spec, policy_of(tenant, storage))
-    except (StorageDenied, UriError) as refused:
+    except StorageDenied as refused:
+        raise CannotRun(f"{refused}; {how_to_grant(tenant.name, refused.access)}") from None
+    except UriError as refused:
         raise CannotRun(str(refused)) from None
     checkpoint = spec.trainer.checkpoint
     if checkpoint.uri is None:

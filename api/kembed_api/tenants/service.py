@@ -92,6 +92,13 @@ def set_storage(tenant: Tenant, spec: StorageSpec, *, storage: PlatformStorage) 
     tenant.storage_write_prefixes = list(storage.validate(spec.write, field="storage.write"))
 
 
+def grant_read(tenant: Tenant, prefixes: list[str], *, storage: PlatformStorage) -> None:
+    """Add `prefixes` to what `tenant`'s jobs may read (its unset policy counts as the defaults); raises ValueError
+    naming the prefix at fault."""
+    current = storage.default_read if tenant.storage_read_prefixes is None else tenant.storage_read_prefixes
+    tenant.storage_read_prefixes = list(storage.validate([*current, *prefixes], field="read prefixes"))
+
+
 def fill_unset_storage(session: Session, *, storage: PlatformStorage) -> None:
     """Tenants without a policy (made before it existed) get the platform's defaults, once, explicitly."""
     session.execute(update(Tenant).where(Tenant.storage_read_prefixes.is_(None))

@@ -1,131 +1,35 @@
-"""Rows from Parquet, CSV or TSV files through fsspec (`file://`, `s3://`), mapped to features by the config.
+"""Rows of Parquet, CSV or TSV files (`file://`, `s3://` or a path), streamed: memory does not grow with the data.
 
-Each rank reads its own shard: whole files when there are at least as many files as ranks, else every r-th row.
-The shard is held in memory as CSR arrays per feature; the batch of step s is a slice of a per-epoch shuffle
-seeded by (seed, rank, epoch), so resuming at step s needs only s.
+The data set is a list of units (`units.py`: Parquet row groups, CSV/TSV blocks). Each epoch orders the units
+and shuffles their rows in windows of `data.shuffle_buffer` rows (`plan.py`); each rank reads only the windows its
+share of that order touches, in a background thread a bounded number of windows ahead of training
+(`prefetch.py`). Ranks' shares are equal to a row, so no rank idles at the end of an epoch. The reader's
+position is the current `plan.Segment`, saved in every checkpoint (`state_dict`), so a resume mid-epoch
+continues the epoch: the same batches at the same world size, and at another the rows no rank had taken yet.
+
+Held-out rows (`eval_fraction`, without `eval_uri`) are chosen by a hash of (file, unit, row), the same at any
+world size; an eval reads the units again for them (give `eval_uri` for a large data set).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
+import threading
+from collections.abc import Iterator
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pa_csv
-import pyarrow.parquet as pq
 import torch
 
 from kembed_contract import trainer_config as config
+from kembed_trainer.data import plan, prefetch, rows, units
 from kembed_trainer.data.batch import Batch
-from kembed_trainer.data.synthetic import _generator
+from kembed_trainer.data.rows import hash_string
 from kembed_trainer.storage import Guard
 
-__all__ = ["TableData"]
+__all__ = ["TableData", "hash_string"]
 
 _EVAL_CHUNK = 2048
-_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv", ".txt": "csv"}
-
-
-def _read(guard: Guard, uri: str, fmt: str, *, where: str) -> pa.Table:
-    """One file as a table. Parse errors name the file and the problem, never its contents: pyarrow's messages
-    quote the offending row, and the file could be anything the job was pointed at."""
-    if fmt == "auto":
-        suffix = "." + uri.rsplit(".", 1)[-1].lower() if "." in uri.rsplit("/", 1)[-1] else ""
-        fmt = _SUFFIXES.get(suffix, "csv")
-    with guard.open(uri, "rb", where=where) as f:
-        try:
-            if fmt == "parquet":
-                return pq.read_table(f)
-            delimiter = "\t" if fmt == "tsv" else ","
-            return pa_csv.read_csv(f, parse_options=pa_csv.ParseOptions(delimiter=delimiter))
-        except (pa.ArrowException, ValueError, UnicodeDecodeError) as error:
-            raise ValueError(f"{where}: {uri} is not a readable {fmt} file ({type(error).__name__})") from None
-
-
-def hash_string(value: str) -> int:
-    """A stable 63-bit hash (the same on every rank and every run, unlike Python's hash())."""
-    return int.from_bytes(hashlib.blake2b(value.encode(), digest_size=8).digest(), "little") >> 1
-
-
-def _hash_strings(values: pa.Array) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """(each value's hash, the distinct values, their hashes)."""
-    encoded = pc.dictionary_encode(values)
-    distinct = [str(v) for v in encoded.dictionary.to_pylist()]
-    hashed = np.array([hash_string(v) for v in distinct], dtype=np.int64)
-    return hashed[encoded.indices.to_numpy(zero_copy_only=False)], distinct, hashed
-
-
-class _Rows:
-    """One shard's rows as tensors: dense [N, D], labels [N], and per feature CSR (offsets [N+1], values)."""
-
-    def __init__(self, table: pa.Table, cfg: config.TableDataConfig, features: list[str], hashed: set[str]):
-        # Messages name the configured column, never the file's own header or values (they are its contents).
-        def column(name: str, where: str) -> pa.ChunkedArray:
-            if name not in table.column_names:
-                raise ValueError(f"{where}: column {name!r} is not in the files of data.uri")
-            return table.column(name)
-
-        def floats(name: str, where: str) -> np.ndarray:
-            try:
-                return column(name, where).to_numpy().astype(np.float32)
-            except (pa.ArrowException, ValueError, TypeError):
-                raise ValueError(f"{where}: column {name!r} holds values that are not numbers") from None
-
-        self.num_rows = table.num_rows
-        self.labels = torch.from_numpy(floats(cfg.label, "data.label"))
-        self.dense = torch.from_numpy(
-            np.stack([floats(c, f"data.dense.{i}") for i, c in enumerate(cfg.dense)], 1)
-            if cfg.dense
-            else np.zeros((table.num_rows, 0), np.float32)
-        )
-        self.offsets, self.values = [], []
-        # Hashed features: their distinct raw ids (as text) and the int64 each hashes from, for the checkpoint's
-        # record of which raw id landed in which row.
-        self.raw_ids: dict[str, tuple[list[str], np.ndarray]] = {}
-        for feature in features:
-            col = column(cfg.sparse[feature], f"data.sparse.{feature}").combine_chunks()
-            if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-                col = pc.split_pattern(col, cfg.multi_hot_separator)
-            if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-                col = col.fill_null(pa.scalar([], col.type))
-                flat = col.flatten()
-                lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
-            else:  # one id per row; a missing value is an empty bag
-                flat = col.drop_null()
-                lengths = col.is_valid().to_numpy(zero_copy_only=False).astype(np.int64)
-            if pa.types.is_string(flat.type) and feature not in hashed:
-                with contextlib.suppress(pa.ArrowInvalid):  # CSV multi-hot ids arrive as strings like "3|17"
-                    flat = pc.cast(flat, pa.int64())
-            if pa.types.is_integer(flat.type) and feature not in hashed:
-                ids = flat.to_numpy(zero_copy_only=False).astype(np.int64)
-            elif feature in hashed:
-                if pa.types.is_integer(flat.type):
-                    ids = flat.to_numpy(zero_copy_only=False).astype(np.int64)
-                    distinct_ints = np.unique(ids)
-                    self.raw_ids[feature] = ([str(i) for i in distinct_ints.tolist()], distinct_ints)
-                else:
-                    ids, distinct, distinct_hashes = _hash_strings(flat)
-                    self.raw_ids[feature] = (distinct, distinct_hashes)
-            else:
-                raise ValueError(
-                    f"data.sparse.{feature}: column {cfg.sparse[feature]!r} holds {flat.type}, not integer ids; "
-                    "set hash_ids on its table"
-                )
-            self.offsets.append(torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)])))
-            self.values.append(torch.from_numpy(ids))
-
-    def take(self, idx: torch.Tensor) -> Batch:
-        values, lengths = [], []
-        for offsets, vals in zip(self.offsets, self.values, strict=True):
-            starts, ends = offsets[idx], offsets[idx + 1]
-            lens = ends - starts
-            # Positions of every id of the chosen rows, without a Python loop over rows.
-            base = torch.repeat_interleave(starts - (torch.cumsum(lens, 0) - lens), lens)
-            values.append(vals[base + torch.arange(int(lens.sum()))])
-            lengths.append(lens)
-        return Batch(self.dense[idx], torch.cat(values), torch.cat(lengths), self.labels[idx])
+_PREFETCH_WINDOWS = 1  # windows queued ahead, besides the one being read and the one being trained on
+_ORDER, _WINDOW = 12, 13  # seed streams of the unit order and the window permutations
 
 
 class TableData:
@@ -140,74 +44,218 @@ class TableData:
         world_size: int,
         guard: Guard,
     ) -> None:
-        self.seed, self.batch_size, self.rank = seed, batch_size, rank
-        features = [f for t in sorted(tables, key=lambda t: t.embedding_dim) for f in t.features]
-        hashed = {f for t in tables if t.hash_ids for f in t.features}
-        # With an eval file every row of the training files trains; eval_fraction applies only without one.
-        train, held_out = self._shard(guard, cfg.uri, cfg, rank, world_size, split=not cfg.eval_uri,
-                                      where="data.uri")
-        if cfg.eval_uri:
-            held_out = self._shard(guard, cfg.eval_uri, cfg, rank, world_size, split=False, where="data.eval_uri")[0]
-        if train.num_rows == 0:
-            raise ValueError(f"data.uri: rank {rank} got no training rows from {cfg.uri}")
-        self.train = _Rows(train, cfg, features, hashed)
-        self.eval = _Rows(held_out, cfg, features, hashed)
-        self._perm: tuple[int, torch.Tensor] | None = None
+        self.cfg, self.seed, self.batch_size, self.rank, self.world_size = cfg, seed, batch_size, rank, world_size
+        self.guard = guard
+        self.columns = rows.Columns(cfg, tables)
+        listing = dict(fmt=cfg.format, columns=cfg.columns, needed=self.columns.names,  # noqa: C408
+                       csv_types=self.columns.csv_types)
+        self.units = units.list_units(guard, cfg.uri, where="data.uri", **listing)
+        self.eval_units = units.list_units(guard, cfg.eval_uri, where="data.eval_uri", **listing) if cfg.eval_uri else []
+        self._holdout = 0.0 if cfg.eval_uri else cfg.eval_fraction
+        self.train_counts = np.array([int(self._train_mask(u).sum()) for u in self.units], dtype=np.int64)
+        self.num_rows = int(self.train_counts.sum())
+        self.num_eval_rows = (sum(u.num_rows for u in self.eval_units) if cfg.eval_uri
+                              else sum(u.num_rows for u in self.units) - self.num_rows)
+        if self.num_rows < world_size:
+            raise ValueError(f"data.uri: {self.num_rows} training rows in {cfg.uri}, fewer than the {world_size} ranks")
+        self.segment = plan.first_segment(self.num_rows, world_size, batch_size)
+        self._stream: Iterator[rows.Rows] | None = None
+        self._pending: list[rows.Rows] = []  # rows read and not yet trained on, in order
+        self._next_step: int | None = None
+        self._raw_lock = threading.Lock()
+        self._raw_ids: dict[str, dict[int, str]] = {}
 
-    @staticmethod
-    def _shard(guard, uri, cfg, rank, world_size, split=True, *, where: str) -> tuple[pa.Table, pa.Table]:
-        files = guard.list_files(uri, where=where)
-        mine = files[rank::world_size] if len(files) >= world_size else files
-        parts = [_read(guard, f, cfg.format, where=where) for f in mine]
-        try:
-            table = pa.concat_tables(parts, promote_options="default")
-        except pa.ArrowException:
-            raise ValueError(f"{where}: the files do not share one set of columns and types") from None
-        if len(files) < world_size:
-            table = table.take(pa.array(np.arange(rank, table.num_rows, world_size)))
-        if not split or cfg.eval_fraction == 0:
-            return table, table.slice(0, 0)
-        # Hold out rows by a hash of their position, so the split is the same on every run.
-        pos = np.arange(table.num_rows, dtype=np.uint64) + np.uint64(rank << 40)
-        is_eval = _unit_hash(pos) < cfg.eval_fraction
-        return table.filter(pa.array(~is_eval)), table.filter(pa.array(is_eval))
-
+    # ------------------------------------------------------------------------------------------- sizes
     @property
     def steps_per_epoch(self) -> int:
-        """Steps of one pass over this rank's rows (the last partial batch is left out, a different one each
-        epoch, as every epoch shuffles anew)."""
-        return max(1, self.train.num_rows // self.batch_size)
+        """Steps of one epoch at this world size: every rank's equal share in whole batches, the last step of the
+        epoch taking the rest (so each row trains once per epoch)."""
+        return plan.first_segment(self.num_rows, self.world_size, self.batch_size).num_steps
 
-    def raw_ids(self) -> dict[str, tuple[list[str], np.ndarray]]:
-        """Per hashed feature: the distinct raw ids of this rank's training rows (as text) and the int64s they
-        hash from (integer ids are their own)."""
-        return self.train.raw_ids
+    def total_steps(self, epochs: int, step: int) -> int:
+        """The step at which `epochs` epochs end, seen from `step` (a resume at another world size changes it)."""
+        segment = plan.segment_at(self.segment, step, world_size=self.world_size, num_rows=self.num_rows)
+        if segment.epoch >= epochs:
+            return step
+        return segment.end_step + (epochs - 1 - segment.epoch) * self.steps_per_epoch
 
     def counts(self) -> dict[str, int]:
         """This rank's share of the data set's size (summed over ranks for the report)."""
-        return {"train_rows": self.train.num_rows, "eval_rows": self.eval.num_rows}
+        w, r = self.world_size, self.rank
+        share = lambda n: (r + 1) * n // w - r * n // w  # noqa: E731
+        return {"train_rows": share(self.num_rows), "eval_rows": share(self.num_eval_rows)}
 
+    def raw_ids(self) -> dict[str, tuple[list[str], np.ndarray]]:
+        """Per hashed feature: the distinct raw ids this rank read so far (as text) and the int64s they hash from."""
+        with self._raw_lock:
+            return {f: (list(ids.values()), np.fromiter(ids.keys(), np.int64, len(ids)))
+                    for f, ids in self._raw_ids.items()}
+
+    def add_raw_ids(self, raw: dict[str, tuple[list[str], np.ndarray]]) -> None:
+        """Ids read before a resume (the checkpoint's index), so the index keeps them."""
+        with self._raw_lock:
+            for feature, (texts, hashes) in raw.items():
+                self._raw_ids.setdefault(feature, {}).update(zip(hashes.tolist(), texts, strict=True))
+
+    # ------------------------------------------------------------------------------------------- training
     def train_batch(self, step: int) -> Batch:
-        per_epoch = self.steps_per_epoch
-        epoch, i = divmod(step, per_epoch)
-        if self._perm is None or self._perm[0] != epoch:
-            gen = _generator(self.seed, 3, self.rank, epoch)
-            self._perm = (epoch, torch.randperm(self.train.num_rows, generator=gen))
-        perm = self._perm[1]
-        idx = perm[i * self.batch_size : (i + 1) * self.batch_size]
-        if idx.numel() < self.batch_size:  # a shard smaller than a batch: sample with repetition
-            idx = perm[torch.arange(self.batch_size) % perm.numel()]
-        return self.train.take(idx)
+        """The batch of global `step`; steps are taken in order (a jump, as a resume, restarts the reader)."""
+        if self._next_step != step:
+            self._start(step)
+        segment = self.segment
+        lo, hi = segment.step_offsets(self.rank, step)
+        batch = self._take(hi - lo)
+        self._next_step = step + 1
+        if step + 1 == segment.end_step:
+            self.segment = segment.next_epoch(self.num_rows)
+        return batch.batch()
 
-    def eval_batches(self):
-        for start in range(0, self.eval.num_rows, _EVAL_CHUNK):
-            yield self.eval.take(torch.arange(start, min(start + _EVAL_CHUNK, self.eval.num_rows)))
+    def _take(self, n: int) -> rows.Rows:
+        parts, have = [], 0
+        while have < n:
+            if not self._pending:
+                self._pending.append(next(self._stream))
+            chunk = self._pending[0]
+            need = n - have
+            if chunk.num_rows <= need:
+                parts.append(self._pending.pop(0))
+                have += chunk.num_rows
+            else:
+                parts.append(chunk.slice(0, need))
+                self._pending[0] = chunk.slice(need, chunk.num_rows)
+                have = n
+        return rows.Rows.cat(parts)
+
+    def _start(self, step: int) -> None:
+        self.close()
+        self.segment = plan.segment_at(self.segment, step, world_size=self.world_size, num_rows=self.num_rows)
+        offset = self.segment.step_offsets(self.rank, step)[0]
+        self._stream = prefetch.Prefetcher(self._chunks(self.segment, offset), depth=_PREFETCH_WINDOWS)
+
+    def _chunks(self, segment: plan.Segment, offset: int) -> Iterator[rows.Rows]:
+        """This rank's rows from `offset` of its share of `segment`, then of every later epoch's share."""
+        reader = units.UnitReader(self.guard, columns=self.columns.names, csv_types=self.columns.csv_types,
+                                  where="data.uri")
+        windows = _Windows(self, reader)
+        try:
+            while True:
+                share = plan.slice_of(segment.share(self.rank), offset, 1 << 62)
+                for a, b in share:
+                    s = self.cfg.shuffle_buffer
+                    for j in range(a // s, (b - 1) // s + 1):
+                        window = windows.get(segment.epoch, j)
+                        yield window.slice(max(a, j * s) - j * s, min(b, (j + 1) * s) - j * s)
+                segment, offset = segment.next_epoch(self.num_rows), 0
+        finally:
+            reader.close()
+
+    def _train_mask(self, unit: units.Unit) -> np.ndarray:
+        """Which rows of `unit` train (the others are held out for eval)."""
+        if self._holdout == 0:
+            return np.ones(unit.num_rows, dtype=bool)
+        base = np.uint64(hash_string(f"{unit.uri}#{unit.part}"))
+        return rows.unit_hash(np.arange(unit.num_rows, dtype=np.uint64) + base) >= self._holdout
+
+    def _read(self, reader: units.UnitReader, unit: units.Unit, *, trained: bool) -> rows.Rows:
+        """A unit's rows, checked (errors name the unit); with `trained`, its raw ids join the id index."""
+        converted, raw = self.columns.rows(reader.read(unit), unit.where)
+        if trained and raw:
+            with self._raw_lock:
+                for feature, (texts, hashes) in raw.items():
+                    self._raw_ids.setdefault(feature, {}).update(zip(hashes.tolist(), texts, strict=True))
+        return converted
+
+    # ------------------------------------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.segment.to_state()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """The position a checkpoint saved; the next `train_batch(step)` continues from it."""
+        self.close()
+        self.segment = plan.Segment.from_state(state, self.batch_size)
+        self._next_step = None
+
+    def close(self) -> None:
+        if isinstance(self._stream, prefetch.Prefetcher):
+            self._stream.close()
+        self._stream, self._pending = None, []
+
+    # ------------------------------------------------------------------------------------------- eval
+    def eval_batches(self) -> Iterator[Batch]:
+        """This rank's equal share of the held-out rows, in file order, read a unit ahead."""
+        held_out = self.eval_units or self.units
+        counts = ([u.num_rows for u in held_out] if self.eval_units
+                  else [u.num_rows - int(c) for u, c in zip(self.units, self.train_counts, strict=True)])
+        total = sum(counts)
+        lo, hi = self.rank * total // self.world_size, (self.rank + 1) * total // self.world_size
+        where = "data.eval_uri" if self.eval_units else "data.uri"
+        reader = units.UnitReader(self.guard, columns=self.columns.names, csv_types=self.columns.csv_types,
+                                  where=where)
+
+        def read() -> Iterator[rows.Rows]:
+            offset = 0
+            try:
+                for unit, count in zip(held_out, counts, strict=True):
+                    first, last = max(lo - offset, 0), min(hi - offset, count)
+                    offset += count
+                    if first >= last:
+                        continue
+                    part = self._read(reader, unit, trained=False)
+                    if not self.eval_units:
+                        part = part.take(np.flatnonzero(~self._train_mask(unit)))
+                    yield part.slice(first, last)
+            finally:
+                reader.close()
+
+        stream = prefetch.Prefetcher(read(), depth=1, name="eval-reader")
+        try:
+            for part in stream:
+                for i in range(0, part.num_rows, _EVAL_CHUNK):
+                    yield part.slice(i, min(i + _EVAL_CHUNK, part.num_rows)).batch()
+        finally:
+            stream.close()
 
 
-def _unit_hash(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser mapped to [0, 1)."""
-    with np.errstate(over="ignore"):
-        x = (x + np.uint64(0x9E3779B97F4A7C15)) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+class _Windows:
+    """Builds an epoch's shuffle windows: the units' training rows in the epoch's order, `shuffle_buffer` at a
+    time, each permuted. Keeps the last window and the last unit read, as consecutive windows share them."""
+
+    def __init__(self, data: TableData, reader: units.UnitReader) -> None:
+        self.data, self.reader = data, reader
+        self._order: tuple[int, np.ndarray, np.ndarray] | None = None  # epoch, unit order, sequence starts
+        self._window: tuple[tuple[int, int], rows.Rows] | None = None
+        self._unit: tuple[int, rows.Rows] | None = None
+
+    def get(self, epoch: int, j: int) -> rows.Rows:
+        if self._window is None or self._window[0] != (epoch, j):
+            self._window = ((epoch, j), self._build(epoch, j))
+        return self._window[1]
+
+    def _build(self, epoch: int, j: int) -> rows.Rows:
+        data, size = self.data, self.data.cfg.shuffle_buffer
+        if self._order is None or self._order[0] != epoch:
+            order = plan.permutation(data.seed, _ORDER, epoch, n=len(data.units))
+            self._order = (epoch, order, np.concatenate([[0], np.cumsum(data.train_counts[order])]))
+            self._unit = None
+        _, order, starts = self._order
+        lo, hi = j * size, min((j + 1) * size, data.num_rows)
+        parts = []
+        first = int(np.searchsorted(starts, lo, side="right")) - 1
+        for k in range(first, len(order)):
+            if starts[k] >= hi:
+                break
+            if starts[k + 1] == starts[k]:
+                continue  # every row held out
+            unit_rows = self._unit_rows(int(order[k]))
+            parts.append(unit_rows.slice(max(lo, starts[k]) - starts[k], min(hi, starts[k + 1]) - starts[k]))
+        window = rows.Rows.cat(parts)
+        return window.take(plan.permutation(data.seed, _WINDOW, epoch, j, n=hi - lo))
+
+    def _unit_rows(self, index: int) -> rows.Rows:
+        if self._unit is None or self._unit[0] != index:
+            unit = self.data.units[index]
+            converted = self.data._read(self.reader, unit, trained=True)
+            if self.data._holdout:
+                converted = converted.take(np.flatnonzero(self.data._train_mask(unit)))
+            self._unit = (index, converted)
+        return self._unit[1]

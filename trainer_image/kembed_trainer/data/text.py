@@ -19,8 +19,8 @@ import torch
 
 from kembed_contract import trainer_config as config
 from kembed_trainer.data.batch import Batch
+from kembed_trainer.data.rows import unit_hash
 from kembed_trainer.data.synthetic import _generator
-from kembed_trainer.data.table import _unit_hash
 from kembed_trainer.storage import Guard
 
 __all__ = ["TextData", "tokenize"]
@@ -69,7 +69,7 @@ class TextData:
                     sentences.extend(tokens for line in f if (tokens := tokenize(line, cfg.tokenizer)))
                 except UnicodeDecodeError:  # its message quotes the bytes: name the file only
                     raise ValueError(f"data.uri: {uri} is not UTF-8 text") from None
-        is_eval = _unit_hash(np.arange(len(sentences), dtype=np.uint64)) < cfg.eval_fraction
+        is_eval = unit_hash(np.arange(len(sentences), dtype=np.uint64)) < cfg.eval_fraction
         counts = collections.Counter(t for s, e in zip(sentences, is_eval, strict=True) if not e for t in s)
         words = sorted((w for w, c in counts.items() if c >= cfg.min_count), key=lambda w: (-counts[w], w))
         self.vocab = words[:max_vocab]

@@ -1,0 +1,255 @@
+"""Streamed table data: memory flat in the data's size, reading that keeps up, and what the shuffle window costs.
+
+    .venv/bin/python benchmarks/streamed_data.py make --gb 1            # once: Criteo-shaped Parquet, cached
+    .venv/bin/python benchmarks/streamed_data.py memory --gb 1 20       # one epoch on each, peak RSS side by side
+    .venv/bin/python benchmarks/streamed_data.py throughput --gb 1      # synthetic vs Parquet on disk vs on S3
+    .venv/bin/python benchmarks/streamed_data.py shuffle                # a log sorted by a feature: AUC per buffer
+
+Data (`make`): Parquet under ~/.cache/kembed/criteo-shaped-<N>gb/, uncompressed (so N GB on disk is N GB to
+read and decode), files of 256 MiB in row groups of 131072 rows: a 0/1 label, 13 dense floats, 26 integer ids
+(tables of 1k..100k rows, skewed towards low ids) with a planted signal. Every job runs in its own process
+(`python -m kembed_trainer`, one rank, its cores' threads) and reports its own peak RSS. Throughput runs the same
+DLRM for the same steps on the Parquet files from local disk and on a copy of them on moto's S3 server (on 127.0.0.1), side by side in one run, against the ceiling: the Parquet rows'
+first 16 batches read before the clock starts and replayed (the same model on the same rows, no reading); synthetic
+batches generated each step are shown too. `memory` runs a light model (width 4, batches of 32768) for one epoch,
+so that the reader, not the model, sets the pace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "trainer_image"))
+sys.path.insert(0, str(REPO))
+
+CACHE = pathlib.Path.home() / ".cache" / "kembed"
+NUM_DENSE, NUM_SPARSE = 13, 26
+TABLE_ROWS = [int(1000 * 100 ** (i / (NUM_SPARSE - 1))) for i in range(NUM_SPARSE)]  # 1k .. 100k, geometric
+ROW_GROUP, FILE_BYTES = 131072, 256 << 20
+ROW_BYTES = 1 + 4 * NUM_DENSE + 8 * NUM_SPARSE  # label int8, float32 dense, int64 ids, uncompressed
+
+
+def data_dir(gb: float) -> pathlib.Path:
+    return CACHE / f"criteo-shaped-{gb:g}gb"
+
+
+def make_rows(n: int, rng: np.random.Generator, *, scores: np.ndarray) -> pa.Table:
+    dense = rng.standard_normal((n, NUM_DENSE), dtype=np.float32)
+    ids = [np.minimum((rows * rng.random(n) ** 3).astype(np.int64), rows - 1) for rows in TABLE_ROWS]
+    logit = dense[:, 0] + sum(scores[i][ids[i] % len(scores[i])] for i in range(4))
+    label = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.int8)
+    cols = {"label": label, **{f"i{j}": dense[:, j] for j in range(NUM_DENSE)},
+            **{f"c{i}": ids[i] for i in range(NUM_SPARSE)}}
+    return pa.table(cols)
+
+
+def eval_file() -> str:
+    """Held-out rows of the same distribution, beside the data sets (an eval never rereads the training files)."""
+    path = CACHE / "criteo-shaped-eval.parquet"
+    if not path.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        scores = np.random.default_rng(1).standard_normal((4, 997))
+        pq.write_table(make_rows(100_000, np.random.default_rng(99), scores=scores), path)
+    return str(path)
+
+
+def make(gb: float) -> pathlib.Path:
+    out = data_dir(gb)
+    done = out / "_DONE"
+    if done.exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    scores = np.random.default_rng(1).standard_normal((4, 997))
+    rng = np.random.default_rng(0)
+    rows_per_file = FILE_BYTES // ROW_BYTES // ROW_GROUP * ROW_GROUP
+    num_files = max(1, round(gb * 2**30 / (rows_per_file * ROW_BYTES)))
+    for i in range(num_files):
+        table = make_rows(rows_per_file, rng, scores=scores)
+        pq.write_table(table, out / f"part-{i:05d}.parquet", row_group_size=ROW_GROUP, compression="none",
+                       use_dictionary=False)
+    done.write_text(json.dumps({"files": num_files, "rows": num_files * rows_per_file}))
+    return out
+
+
+def job(uri: str, *, steps: int | None = None, epochs: int | None = None, batch_size: int = 8192,
+        eval_uri: str | None = None, shuffle_buffer: int = 1 << 18, kind: str = "table", dim: int = 16) -> dict:
+    tables = [{"name": f"t{i}", "num_embeddings": n, "embedding_dim": dim, "features": [f"c{i}"]}
+              for i, n in enumerate(TABLE_ROWS)]
+    data = ({"kind": "synthetic", "num_dense": NUM_DENSE, "eval_samples": 8192} if kind == "synthetic" else
+            {"kind": "table", "uri": uri, "label": "label", "dense": [f"i{j}" for j in range(NUM_DENSE)],
+             "sparse": {f"c{i}": f"c{i}" for i in range(NUM_SPARSE)}, "shuffle_buffer": shuffle_buffer,
+             "eval_uri": eval_uri or eval_file()})
+    return {
+        "model": {"kind": "dlrm", "bottom_mlp": [64, dim], "top_mlp": [64]},
+        "embeddings": {"tables": tables},
+        "data": data,
+        "optimizer": {"sparse": {"name": "rowwise_adagrad", "lr": 0.05}, "dense": {"name": "adam", "lr": 0.001}},
+        "training": {"steps": steps, "epochs": epochs, "batch_size": batch_size, "log_every": 20,
+                     "threads": os.cpu_count()},
+    }
+
+
+REPLAYED_BATCHES = 16
+
+
+def replay_trainer(config_path: str) -> int:
+    """The trainer with its table data's first batches read before the clock starts and replayed: the same model
+    on the same rows, with reading taken out (the ceiling streamed data is measured against)."""
+    from kembed_trainer import __main__ as trainer_main
+    from kembed_trainer.data import table
+
+    original, cached = table.TableData.train_batch, []
+
+    def train_batch(self, step):
+        while len(cached) < REPLAYED_BATCHES:
+            cached.append(original(self, len(cached)))
+        return cached[step % REPLAYED_BATCHES]
+
+    table.TableData.train_batch = train_batch
+    return trainer_main.main(["--config", config_path])
+
+
+def run(cfg: dict, env: dict[str, str] | None = None, *, replay: bool = False) -> dict:
+    """One job in its own process; its last progress record and its eval."""
+    trainer = [__file__, "replay-trainer"] if replay else ["-m", "kembed_trainer"]
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(cfg, f)
+        f.flush()
+        proc = subprocess.run([sys.executable, *trainer, "--config", f.name], capture_output=True,
+                              text=True, env={**os.environ, **(env or {}), "KEMBED_JOB_ID": "bench",
+                                              "PYTHONPATH": str(REPO / "trainer_image")}, check=False)
+    recs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0:
+        raise RuntimeError(f"job failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    progress = [r for r in recs if r["event"] == "progress"]
+    # The first window of steps includes start-up (the first unit's read); the steady state is what follows.
+    steady = progress[1:] or progress
+    done = recs[-1]
+    return {
+        "samples_per_sec": sum(r["samples_per_sec"] for r in steady) / len(steady),
+        "data_share": sum(r["data_share"] for r in steady) / len(steady),
+        "memory_mb": max(r["memory_mb"] for r in progress),
+        "auc": (done.get("eval") or {}).get("auc"),
+        "rows": recs[0]["dataset"].get("train_rows"),
+        "steps": done["step"],
+    }
+
+
+def table(rows: list[tuple], header: tuple) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+    for row in [header, *rows]:
+        print("  ".join(str(x).rjust(w) for x, w in zip(row, widths, strict=True)))
+
+
+def memory(sizes: list[float]) -> None:
+    rows = []
+    for gb in sizes:
+        uri = str(make(gb))
+        on_disk = sum(p.stat().st_size for p in pathlib.Path(uri).glob("*.parquet")) / 2**30
+        # A light model (width 4, batches of 32768) so that a whole epoch of the big set fits in the time there is;
+        # the reader, whose memory is in question, is the same.
+        result = run(job(uri, epochs=1, batch_size=1 << 15, dim=4))
+        rows.append((f"{on_disk:.1f} GiB", result["rows"], result["steps"], f"{result['memory_mb']:.0f}",
+                     f"{result['samples_per_sec']:.0f}", f"{result['data_share']:.3f}"))
+        print(rows[-1], flush=True)
+    base = float(rows[0][3])
+    table([(*r, f"{float(r[3]) / base:.3f}") for r in rows],
+          ("data", "rows", "steps", "peak RSS MB", "samples/s", "data share", "RSS ratio"))
+
+
+def throughput(gb: float, steps: int, repeats: int) -> None:
+    """Variants interleaved, `repeats` rounds, medians: on a shared machine the load moves between runs."""
+    from tests.fixtures.servers import start_moto
+
+    uri = str(make(gb))
+    proc, endpoint = start_moto(timeout_s=60)
+    try:
+        import s3fs
+
+        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+        os.environ.update(env)
+        fs = s3fs.S3FileSystem()
+        fs.mkdir("bench")
+        # As many files as the steps read (moto holds objects in its own memory).
+        needed = steps * 8192 // (FILE_BYTES // ROW_BYTES) + 1
+        for path in sorted(pathlib.Path(uri).glob("*.parquet"))[:needed]:
+            fs.put_file(str(path), f"bench/data/{path.name}")
+        variants = {
+            "the same rows pre-read, replayed": lambda: run(job(uri, steps=steps), replay=True),
+            "synthetic, generated each step": lambda: run(job("", steps=steps, kind="synthetic")),
+            "Parquet, local disk": lambda: run(job(uri, steps=steps)),
+            "Parquet, S3 (moto)": lambda: run(job("s3://bench/data", steps=steps), env),
+        }
+        rounds = [{name: variant() for name, variant in variants.items()} for _ in range(repeats)]
+    finally:
+        proc.terminate()
+        proc.wait()
+    results = {name: {key: float(np.median([r[name][key] for r in rounds]))
+                      for key in ("samples_per_sec", "data_share", "memory_mb")} for name in variants}
+    base = results["the same rows pre-read, replayed"]["samples_per_sec"]
+    table([(name, f"{r['samples_per_sec']:.0f}", f"{r['samples_per_sec'] / base:.3f}", f"{r['data_share']:.3f}",
+            f"{r['memory_mb']:.0f}") for name, r in results.items()],
+          ("data", "samples/s", "x in memory", "data share", "peak RSS MB"))
+
+
+def shuffle(num_rows: int) -> None:
+    """A log sorted by its most telling feature (c0): each stretch of it holds a few ids and their labels."""
+    out = CACHE / f"sorted-log-{num_rows}"
+    scores = np.random.default_rng(1).standard_normal((4, 997))
+    if not (out / "_DONE").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(2)
+        rows = make_rows(num_rows, rng, scores=scores).sort_by("c0")
+        pq.write_table(rows, out / "train.parquet", row_group_size=16384)
+        pq.write_table(make_rows(200_000, rng, scores=scores), out / "eval.parquet")
+        (out / "_DONE").write_text("")
+    results = []
+    for name, buffer in [("full shuffle (one window)", num_rows), ("window 262144 (default)", 1 << 18),
+                         ("window 16384 (one row group)", 1 << 14),
+                         ("row groups shuffled only", 1)]:
+        r = run(job(str(out / "train.parquet"), epochs=1, batch_size=1024, shuffle_buffer=buffer,
+                    eval_uri=str(out / "eval.parquet")))
+        results.append((name, f"{r['auc']:.4f}", f"{r['memory_mb']:.0f}"))
+        print(results[-1], flush=True)
+    table(results, ("shuffle", "eval AUC", "peak RSS MB"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("make").add_argument("--gb", type=float, nargs="+", default=[1])
+    sub.add_parser("memory").add_argument("--gb", type=float, nargs="+", default=[1, 20])
+    p = sub.add_parser("throughput")
+    p.add_argument("--gb", type=float, default=1)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=3)
+    sub.add_parser("shuffle").add_argument("--rows", type=int, default=1_000_000)
+    sub.add_parser("replay-trainer").add_argument("--config", required=True)  # used by `throughput`
+    args = parser.parse_args()
+    if args.command == "make":
+        for gb in args.gb:
+            print(make(gb))
+    elif args.command == "memory":
+        memory(args.gb)
+    elif args.command == "throughput":
+        throughput(args.gb, args.steps, args.repeats)
+    elif args.command == "replay-trainer":
+        sys.exit(replay_trainer(args.config))
+    else:
+        shuffle(args.rows)
+
+
+if __name__ == "__main__":
+    main()
