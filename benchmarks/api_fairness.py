@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/api_fairness.py [--seconds 20] [--flooders 8] [--read-rate 20]
 
 Two `kembed serve` servers in turn (the embedded default: SQLite, one process, admission paused so no trainer
-competes for the cores), one with the rate limits (the defaults of kembed_api.settings) and one without them
+competes for the cores), one with the rate limits (the defaults of kembed_api.platform.settings) and one without them
 (KEMBED_RATE_LIMITS=false): the same flood, side by side. Tenant B reads at a steady `--read-rate` (an open loop,
 like dashboards polling: `GET /v1/usage` and `GET /v1/jobs` in turn, each timed from its scheduled start), first
 alone (quiet) and then while tenant A floods: `--flooders` clients over 4 of A's tokens, each sending its next

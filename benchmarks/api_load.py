@@ -39,7 +39,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from kembed_api.ports import free_port  # noqa: E402
+from kembed_api.platform.ports import free_port  # noqa: E402
 from tests.builders import make_spec  # noqa: E402
 from tests.fixtures.servers import run_postgres  # noqa: E402
 

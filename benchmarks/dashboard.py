@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.api_load import cpu_seconds  # noqa: E402
-from kembed_api.ports import free_port  # noqa: E402
+from kembed_api.platform.ports import free_port  # noqa: E402
 from tests.builders import make_spec  # noqa: E402
 
 _TOKEN = "kmb_dashboard-benchmark-token"
@@ -74,10 +74,10 @@ def fill(data_dir: Path, num_jobs: int) -> str:
 
     from kembed_api.auth import service as auth_service
     from kembed_api.auth.roles import Role
-    from kembed_api.db import Database, upgrade_to_head, utcnow
     from kembed_api.jobs import submissions
     from kembed_api.jobs.models import Job
-    from kembed_api.storage import PlatformStorage
+    from kembed_api.platform.db import Database, upgrade_to_head, utcnow
+    from kembed_api.platform.storage import PlatformStorage
     from kembed_api.tenants.models import Tenant
     from kembed_api.tenants.schemas import QuotaSpec
     from kembed_api.tenants.service import create_tenant
@@ -122,10 +122,10 @@ def fill(data_dir: Path, num_jobs: int) -> str:
 def in_process_times(data_dir: Path, tenant_name: str, calls: int = 200) -> tuple[list[float], list[float]]:
     """Milliseconds per overview computed by the server's code on its database file (every call a miss): wall
     time, and the CPU time of this thread (what the computation itself costs, whatever else runs)."""
-    from kembed_api.admission import Quota
     from kembed_api.dashboard import service
-    from kembed_api.db import Database
     from kembed_api.jobs import queue_forecast
+    from kembed_api.platform.db import Database
+    from kembed_api.quota.admission import Quota
     from kembed_api.tenants.service import get_tenant
 
     db = Database(f"sqlite:///{data_dir / 'kembed.db'}")

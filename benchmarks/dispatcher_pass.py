@@ -21,10 +21,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from kembed_api.db import Database, upgrade_to_head  # noqa: E402
-from kembed_api.dispatcher import Dispatcher  # noqa: E402
 from kembed_api.jobs import submissions  # noqa: E402
-from kembed_api.storage import PlatformStorage  # noqa: E402
+from kembed_api.platform.db import Database, upgrade_to_head  # noqa: E402
+from kembed_api.platform.storage import PlatformStorage  # noqa: E402
+from kembed_api.scheduling.dispatcher import Dispatcher  # noqa: E402
 from kembed_api.tenants.service import ensure_tenant  # noqa: E402
 from kembed_contract.spec import JobSpec  # noqa: E402
 from tests.api.conftest import FakeBackend  # noqa: E402

@@ -4,7 +4,7 @@
 
 The teams' nominal quotas add up to the cluster (20/16/12/8/8 GPUs). Each team works in bursts (busy for a
 while, then quiet), at different times, so one team's quota sits idle while another's queue is long. Every
-policy replays the same trace through kembed_api.preemption.decide, the function the dispatcher calls:
+policy replays the same trace through kembed_api.quota.preemption.decide, the function the dispatcher calls:
 
 - rigid:       every team has its nominal quota and no more (no cohort, no preemption);
 - checkpoint:  one cohort (idle quota is lent; the lender reclaims it by preemption; high-priority jobs
@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 for folder in ("contract", "api", "trainer_image"):
     sys.path.insert(0, str(REPO / folder))
 
-from kembed_api.admission import Demand, Quota  # noqa: E402
-from kembed_api.preemption import Pending, Running, Share, decide  # noqa: E402
+from kembed_api.quota.admission import Demand, Quota  # noqa: E402
+from kembed_api.quota.preemption import Pending, Running, Share, decide  # noqa: E402
 
 NOMINAL = {"ads": 20, "search": 16, "feeds": 12, "maps": 8, "music": 8}
 CHECKPOINT_EVERY_S = 1800.0

@@ -12,23 +12,25 @@ from fastapi import FastAPI, Request, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kembed_api import __version__, bodies, errors, ratelimit
+from kembed_api import __version__
+from kembed_api.auth import ratelimit
 from kembed_api.auth.cache import TtlCache
+from kembed_api.auth.principal import MetricsCaller, MetricsView
 from kembed_api.auth.service import ensure_bootstrap_token
 from kembed_api.backends.base import Backend
 from kembed_api.backends.local import LocalBackend
 from kembed_api.dashboard import pages as dashboard_pages
 from kembed_api.dashboard import router as dashboard_router
-from kembed_api.db import Database, upgrade_to_head
-from kembed_api.deps import MetricsCaller, MetricsView
-from kembed_api.dispatcher import Dispatcher
 from kembed_api.jobs import router as jobs_router
 from kembed_api.jobs.forecasts import Forecasts
 from kembed_api.jobs.intake import Intake
-from kembed_api.observability import Metrics, TenantTotals, configure_json_logging
-from kembed_api.settings import Backend as BackendKind
-from kembed_api.settings import Settings
-from kembed_api.storage import PlatformStorage
+from kembed_api.platform import bodies, errors
+from kembed_api.platform.db import Database, upgrade_to_head
+from kembed_api.platform.settings import Backend as BackendKind
+from kembed_api.platform.settings import Settings
+from kembed_api.platform.storage import PlatformStorage
+from kembed_api.scheduling.dispatcher import Dispatcher
+from kembed_api.scheduling.observability import Metrics, TenantTotals, configure_json_logging
 from kembed_api.tenants import router as tenants_router
 from kembed_api.tenants.service import ensure_tenant, fill_unset_storage, grant_read
 from kembed_platform.tenant_credentials import TenantCredentials
@@ -36,7 +38,7 @@ from kembed_platform.tenant_credentials import TenantCredentials
 __all__ = ["ADMIN_TOKEN_FILE", "create_app"]
 
 log = logging.getLogger(__name__)
-ADMIN_TOKEN_FILE = "admin-token"  # the CLI reads it (kembed_api.cli.ADMIN_TOKEN_FILE)
+ADMIN_TOKEN_FILE = "admin-token"  # the CLI reads it (kembed_api.cli.common.ADMIN_TOKEN_FILE)
 
 
 def platform_storage(settings: Settings) -> PlatformStorage:

@@ -9,9 +9,9 @@ Everything else follows from it, generated rather than restated:
 - the admission core's numbers are `QuotaSpec.amounts()`.
 A new dimension (say GPU-hours per week) is a field here, with its `Stored` marker, a migration adding its
 column, and the code that enforces it. Not every dimension is held by running jobs: `storage` is the bytes a
-tenant keeps (checkpoints, logs; enforced by the trainer at save time and at submission, kembed_api.storage_use),
+tenant keeps (checkpoints, logs; enforced by the trainer at save time and at submission, kembed_api.jobs.storage_use),
 `max_run_seconds` the longest any one of its jobs may run (enforced by the API's dispatcher), `max_queued_jobs`
-its queue (enforced at submission); admission's numbers (`kembed_api.admission.Quota.of`) are the others.
+its queue (enforced at submission); admission's numbers (`kembed_api.quota.admission.Quota.of`) are the others.
 
 A patch of a quota (`merged`) changes only the fields it sets; an explicit null clears one (unlimited).
 

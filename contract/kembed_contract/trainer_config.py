@@ -54,7 +54,7 @@ __all__ = [
 # Every number is finite, strictly typed (`true` is not 1, "5" is not 5) and bounded, and every string has a
 # length limit: a value past these bounds could only fail, hang or exhaust a machine later, never train. The
 # bounds sit far past any real job; memory is checked against the job's resources separately
-# (kembed_api.estimates). 2**31 - 1: steps and counts are stored as 32-bit integers.
+# (kembed_api.jobs.estimates). 2**31 - 1: steps and counts are stored as 32-bit integers.
 MAX_INT32 = 2**31 - 1
 MAX_ROWS = 2**40  # rows of one table (hash buckets): a trillion, beyond any single table in production
 MAX_WIDTH = 65_536  # an embedding's width or an MLP layer's

@@ -12,12 +12,12 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
-from kembed_api.admission import Quota
 from kembed_api.app import create_app
 from kembed_api.backends.base import Exit, Launch, Observed
-from kembed_api.db import Database, upgrade_to_head
-from kembed_api.ports import free_port
-from kembed_api.settings import Settings
+from kembed_api.platform.db import Database, upgrade_to_head
+from kembed_api.platform.ports import free_port
+from kembed_api.platform.settings import Settings
+from kembed_api.quota.admission import Quota
 from kembed_contract.spec import JobSpec
 
 

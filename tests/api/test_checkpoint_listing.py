@@ -7,8 +7,7 @@ import pathlib
 
 import pytest
 
-from kembed_api import checkpoints
-from kembed_api.jobs import exports
+from kembed_api.jobs import checkpoints, exports
 from kembed_contract import runtime
 
 

@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, func, select, update
 
 from kembed_api.app import create_app
 from kembed_api.jobs.models import Job
-from kembed_api.settings import Settings
+from kembed_api.platform.settings import Settings
 from kembed_api.tenants.models import Tenant
 from kembed_contract.lifecycle import ACTIVE_STATES
 from tests.api.conftest import FakeBackend, ThreadedServer, bearer
@@ -135,7 +135,7 @@ def test_replicas_starting_together_on_a_new_database_all_come_up(postgres_serve
     """The first start of several replicas: each creates the default tenant and the bootstrap token unless they
     exist; without a lock across replicas, all but one could fail on the tenant's unique name (a crash loop)."""
     from kembed_api.app import _bootstrap, platform_storage
-    from kembed_api.db import Database, upgrade_to_head
+    from kembed_api.platform.db import Database, upgrade_to_head
     from kembed_api.tenants.models import Tenant
 
     replicas = 8

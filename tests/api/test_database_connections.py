@@ -6,7 +6,7 @@ import psycopg
 from fastapi.testclient import TestClient
 
 from kembed_api.app import create_app
-from kembed_api.settings import Settings
+from kembed_api.platform.settings import Settings
 from tests.api.conftest import FakeBackend
 from tests.builders import make_spec
 

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from kembed_api.dispatcher import Dispatcher
 from kembed_api.jobs import cancel, queue_forecast, reads, submissions
 from kembed_api.jobs.models import Job
-from kembed_api.storage import PlatformStorage
+from kembed_api.platform.storage import PlatformStorage
+from kembed_api.scheduling.dispatcher import Dispatcher
 from kembed_api.tenants.service import ensure_tenant
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec
@@ -362,7 +362,7 @@ def test_the_tenants_queue_length_follows_every_change_to_its_queue(db, backend,
 
 def test_a_forecast_places_every_queued_job_and_estimates_only_what_can_be_known(db):
     """The replay stops at the first job that waits behind one of unknown duration; positions cover the queue."""
-    from kembed_api.admission import Quota
+    from kembed_api.quota.admission import Quota
 
     ids = [submit(db, make_spec(f"never-run-{i}")) for i in range(4)]  # no run of these names ever finished
     urgent = submit(db, make_spec("urgent").with_priority(5))
@@ -435,7 +435,7 @@ def test_a_job_launched_with_no_storage_left_fails_at_once_and_one_with_some_is_
     """The budget a trainer gets is the tenant's storage quota less what it keeps besides that job's own folder;
     with nothing left the job fails StorageQuotaExceeded before it starts (a tenant already over at submission
     is refused there)."""
-    from kembed_api import storage_use
+    from kembed_api.jobs import storage_use
 
     room = submit(db, make_spec("room"))
     full = submit(db, make_spec("full"))

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from kembed_api.admission import Quota
 from kembed_api.app import create_app
 from kembed_api.backends import node_logs
 from kembed_api.backends.base import Launch
 from kembed_api.backends.local import LocalBackend
-from kembed_api.settings import Settings
+from kembed_api.platform.settings import Settings
+from kembed_api.quota.admission import Quota
 from kembed_contract.spec import JobSpec
 from tests.builders import make_spec
 from tests.fixtures.report_sink import report_sink

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
 import kembed_api.auth.models
-import kembed_api.db
 import kembed_api.jobs.models
+import kembed_api.platform.db
 import kembed_api.tenants.models  # noqa: F401 - every table registered on Base.metadata
-from kembed_api.db import Base, upgrade_to_head
+from kembed_api.platform.db import Base, upgrade_to_head
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
@@ -35,7 +33,7 @@ def test_upgrading_counts_the_queues_already_there(tmp_path):
 
     url = f"sqlite:///{tmp_path / 'kembed.db'}"
     config = Config()
-    config.set_main_option("script_location", str(Path(kembed_api.db.__file__).parent / "migrations"))
+    config.set_main_option("script_location", str(kembed_api.platform.db.MIGRATIONS))
     config.set_main_option("sqlalchemy.url", url)
     command.upgrade(config, "0005")
     engine = create_engine(url)

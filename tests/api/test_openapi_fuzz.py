@@ -15,7 +15,7 @@ from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
 
 from kembed_api.app import create_app
-from kembed_api.settings import Settings
+from kembed_api.platform.settings import Settings
 from tests.api.conftest import FakeBackend, ThreadedServer, bearer
 from tests.builders import make_spec
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kembed_api.admission import Demand, Quota
-from kembed_api.preemption import Admit, Pending, Running, Share, decide
+from kembed_api.quota.admission import Demand, Quota
+from kembed_api.quota.preemption import Admit, Pending, Running, Share, decide
 
 LOW, NORMAL, HIGH = 0, 100, 1000
 

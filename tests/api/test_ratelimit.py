@@ -8,8 +8,8 @@ import asyncio
 import httpx
 import pytest
 
-from kembed_api import ratelimit
-from kembed_api.ratelimit import Buckets, Limits, Rate, RateLimits
+from kembed_api.auth import ratelimit
+from kembed_api.auth.ratelimit import Buckets, Limits, Rate, RateLimits
 
 
 class Clock:
@@ -50,7 +50,7 @@ RELEASE: asyncio.Event | None = None  # set by the test of heavy requests: what 
 
 
 async def _stand_in(scope, receive, send) -> None:
-    """Answers 200 for a known token (noting its tenant, as kembed_api.deps does), 401 otherwise; `/slow` waits
+    """Answers 200 for a known token (noting its tenant, as kembed_api.auth.principal does), 401 otherwise; `/slow` waits
     until released."""
     token = dict(scope["headers"]).get(b"authorization", b"").decode().removeprefix("Bearer ")
     if token not in TENANT_OF:
@@ -183,7 +183,7 @@ def test_a_large_answer_is_paid_for_after_it_is_sent():
 
 
 def test_the_client_waits_out_a_rate_limit_and_shows_a_full_queue():
-    from kembed_api.client import ApiError, Client
+    from kembed_api.cli.client import ApiError, Client
 
     answers = iter([httpx.Response(429, headers={"Retry-After": "2"}, json={"detail": "too many requests"}),
                     httpx.Response(200, json={"items": []}),

@@ -4,7 +4,7 @@ batch gets the outcome it would have had alone."""
 from __future__ import annotations
 
 from kembed_api.jobs import errors, reads, submissions
-from kembed_api.storage import PlatformStorage
+from kembed_api.platform.storage import PlatformStorage
 from kembed_api.tenants.service import ensure_tenant
 from kembed_contract.spec import JobSpec
 from tests.builders import make_spec

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
 from kembed_api.app import create_app
-from kembed_api.settings import Settings
+from kembed_api.platform.settings import Settings
 from tests.api.conftest import bearer
 from tests.builders import make_spec
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kembed_api.client import Client
+from kembed_api.cli.client import Client
 from tests.e2e.conftest import ServerProcess
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from kembed_api.client import ApiError, Client
+from kembed_api.cli.client import ApiError, Client
 from tests.browser.conftest import as_browser, screenshot, session_cookie, sign_in
 from tests.builders import make_spec
 

@@ -27,7 +27,7 @@ import sys
 import time
 import urllib.request
 
-from kembed_api.ports import free_port
+from kembed_api.platform.ports import free_port
 from tests.cluster import oci
 from tests.cluster import pki as pki_mod
 

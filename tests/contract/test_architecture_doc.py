@@ -29,7 +29,7 @@ def _module_file(dotted: list[str]) -> Path | None:
 
 
 def _dotted_exists(name: str) -> bool:
-    """A module, or a module and one name defined in it (`kembed_api.preemption.decide`)."""
+    """A module, or a module and one name defined in it (`kembed_api.quota.preemption.decide`)."""
     parts = name.split(".")
     if _module_file(parts):
         return True

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kembed_api.client import Client
-from kembed_api.ports import free_port
+from kembed_api.cli.client import Client
+from kembed_api.platform.ports import free_port
 
 
 class ServerProcess:

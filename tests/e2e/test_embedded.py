@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from kembed_api.client import ApiError
+from kembed_api.cli.client import ApiError
 from tests.builders import make_spec
 from tests.e2e.conftest import file_uri_path
 

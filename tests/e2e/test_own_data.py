@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kembed_api.client import ApiError
+from kembed_api.cli.client import ApiError
 from tests.builders import make_spec
 from tests.e2e.conftest import ServerProcess
 

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from gensim.models import KeyedVectors
 
-from kembed_api.client import ApiError, Client
+from kembed_api.cli.client import ApiError, Client
 from tests.builders import make_spec
 from tests.trainer.test_models_and_data import write_corpus
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from kubernetes.client.rest import ApiException
 
-from kembed_api.ports import free_port
+from kembed_api.platform.ports import free_port
 from kembed_contract import crds
 from tests.builders import operator_job
 from tests.cluster.fixture import Cluster, wait_for

@@ -12,7 +12,7 @@ import uuid
 import httpx
 import pytest
 
-from kembed_api.ports import free_port
+from kembed_api.platform.ports import free_port
 from kembed_contract import resources
 from tests.api.conftest import wait_state
 from tests.builders import make_spec

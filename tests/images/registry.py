@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kembed_api.ports import free_port
+from kembed_api.platform.ports import free_port
 from tests.cluster import controlplane
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import pytest
 
 from kembed_api.app import create_app
 from kembed_api.backends.kubernetes import KubernetesBackend
-from kembed_api.settings import Settings
+from kembed_api.platform.settings import Settings
 from kembed_contract import resources
 from tests.api.conftest import ThreadedServer, bearer, wait_state
 from tests.builders import make_spec

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from kembed_api.ports import free_port
+from kembed_api.platform.ports import free_port
 from kembed_operator.settings import OperatorSettings
 from tests.builders import operator_job
 from tests.cluster import controlplane

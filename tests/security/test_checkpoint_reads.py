@@ -341,7 +341,7 @@ def test_the_server_reads_no_termination_message_through_a_link(tmp_path):
 def test_a_step_folder_or_marker_linked_elsewhere_is_not_listed(tmp_path):
     """Listing a job's checkpoints follows no link: one to another tenant's step folder would show its time and
     size."""
-    from kembed_api import checkpoints
+    from kembed_api.jobs import checkpoints
 
     other, mine = tmp_path / "other" / "job", tmp_path / "mine"
     for folder, step in ((other, 100), (mine, 10), (mine, 30)):

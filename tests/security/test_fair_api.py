@@ -16,7 +16,7 @@ import pytest
 from tests.builders import make_spec
 from tests.security.hostile import World, start_world
 
-# Small limits, so that a flood is a few dozen requests (the defaults are documented in kembed_api.settings).
+# Small limits, so that a flood is a few dozen requests (the defaults are documented in kembed_api.platform.settings).
 _LIMITS = {"KEMBED_RATE_TOKEN_PER_S": "0.5", "KEMBED_RATE_TOKEN_BURST": "70",
            "KEMBED_RATE_TENANT_PER_S": "0.5", "KEMBED_RATE_TENANT_BURST": "120"}
 

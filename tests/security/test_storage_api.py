@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from kembed_api.client import ApiError, Client
+from kembed_api.cli.client import ApiError, Client
 from tests.builders import make_spec
 from tests.e2e.conftest import ServerProcess
 from tests.security.storage_layout import SECRET

@@ -21,7 +21,7 @@ import yaml
 
 from kembed_api.backends.base import Launch
 from kembed_api.backends.local import LocalBackend
-from kembed_api.storage import PlatformStorage
+from kembed_api.platform.storage import PlatformStorage
 from kembed_contract.quota import QuotaSpec, SharingSpec
 from kembed_contract.spec import JobSpec
 from kembed_contract.storage_policy import POLICY_ENV, StoragePolicy

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kembed_api.storage import PlatformStorage
+from kembed_api.platform.storage import PlatformStorage
 from kembed_contract.storage_policy import StoragePolicy
 from kembed_platform.iam_policy import s3_policy_document
 

@@ -56,7 +56,7 @@ def test_the_trainer_pods_carry_the_policy():
 
 def test_the_api_writes_the_policy_into_the_tenant_resource():
     """What the API's Kubernetes backend sends is what the operator reads back (the CRD's schema included)."""
-    from kembed_api.storage import PlatformStorage
+    from kembed_api.platform.storage import PlatformStorage
 
     platform = PlatformStorage(checkpoint_root="s3://ckpt")
     policy = platform.policy("b", read=["s3://datasets/ctr"], write=[])

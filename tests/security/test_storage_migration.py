@@ -3,16 +3,14 @@ platform admin configured as defaults, written in by the first server start afte
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from alembic import command
 from alembic.config import Config
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-import kembed_api.db
+import kembed_api.platform.db
 from kembed_api.app import create_app
-from kembed_api.settings import Settings
+from kembed_api.platform.settings import Settings
 from tests.api.conftest import FakeBackend
 
 
@@ -21,7 +19,7 @@ def test_existing_tenants_get_their_own_folder_plus_the_defaults(tmp_path):
     data_dir.mkdir()
     url = f"sqlite:///{data_dir / 'kembed.db'}"
     config = Config()
-    config.set_main_option("script_location", str(Path(kembed_api.db.__file__).parent / "migrations"))
+    config.set_main_option("script_location", str(kembed_api.platform.db.MIGRATIONS))
     config.set_main_option("sqlalchemy.url", url)
     command.upgrade(config, "0007")
     engine = create_engine(url)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kembed_api.client import ApiError, Client
+from kembed_api.cli.client import ApiError, Client
 from tests.builders import make_spec
 from tests.e2e.conftest import ServerProcess
 

@@ -8,7 +8,7 @@ import os
 import pytest
 from pydantic import BaseModel
 
-from kembed_api.storage import PlatformStorage
+from kembed_api.platform.storage import PlatformStorage
 from kembed_contract import trainer_config as config
 from kembed_contract.spec import JobSpec
 from kembed_contract.storage_policy import Access, StorageDenied, UriError, canonical_uri, uri_fields

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from kembed_api import confinement
 from kembed_api.backends import local
 from kembed_api.backends.base import Exit, Launch
 from kembed_api.backends.local import LocalBackend
+from kembed_api.platform import confinement
 from kembed_contract.lifecycle import OOM_KILLED
 from kembed_contract.spec import JobSpec
 from kembed_platform import sandbox

@@ -12,7 +12,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from kembed_api.ports import free_port
+from kembed_api.platform.ports import free_port
 from kembed_trainer import report
 
 

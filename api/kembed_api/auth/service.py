@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from kembed_api.auth.models import ApiToken
 from kembed_api.auth.roles import Role, may_hold
-from kembed_api.db import utcnow
+from kembed_api.platform.db import utcnow
 from kembed_api.tenants.models import Tenant
 
 __all__ = ["TOKEN_PREFIX", "authenticate", "hash_secret", "create_token", "ensure_bootstrap_token", "list_tokens", "revoke_token"]

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kembed_api.admission import Quota
+from kembed_api.quota.admission import Quota
 from kembed_contract.lifecycle import JobState
 from kembed_contract.quota import QuotaSpec, SharingSpec
 from kembed_contract.resources import TenantUsage
@@ -32,7 +32,7 @@ class Launch:
     report_token: str
     # The tenant's effective storage policy, which the trainers enforce too (kembed_contract.storage_policy).
     storage_policy: StoragePolicy | None = None
-    # What the job's checkpoint folder may hold (kembed_api.storage_use.budget_bytes; runtime.ENV_STORAGE_BUDGET
+    # What the job's checkpoint folder may hold (kembed_api.jobs.storage_use.budget_bytes; runtime.ENV_STORAGE_BUDGET
     # for its trainers); None: no storage quota.
     storage_budget_bytes: int | None = None
 

@@ -5,7 +5,7 @@ EmbeddingJob; it cancels by setting spec.cancel, preempts by setting spec.suspen
 again by clearing it); it follows the job by reading status. The operator restarts failed gangs itself (it spends
 max_restarts, by kembed_contract.lifecycle's rule) and reports what it did: RESTARTING with its restartCount,
 RUNNING again, PREEMPTED while a suspended gang stops, QUEUED once it has; the API's state machine follows
-(kembed_api.dispatcher), so a job reads the same on both backends. Jobs live on in the cluster when the API
+(kembed_api.scheduling.dispatcher), so a job reads the same on both backends. Jobs live on in the cluster when the API
 restarts, so `reclaim` keeps following them instead of restarting them.
 """
 
@@ -19,8 +19,8 @@ from typing import Any, assert_never
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from kembed_api.admission import Quota
 from kembed_api.backends.base import Exit, Launch, NotReady, Observed
+from kembed_api.quota.admission import Quota
 from kembed_contract import resources
 from kembed_contract.lifecycle import JobState
 from kembed_contract.quota import QuotaSpec, SharingSpec

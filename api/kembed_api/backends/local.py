@@ -1,7 +1,7 @@
 """The embedded default: each job is `nodes` torchrun processes on this machine (gloo on CPU).
 
 Every node of the gang is its own torchrun in its own process group (so SIGTERM reaches every rank at once),
-confined (kembed_api.confinement: its environment, Landlock, its resource limits) and logging through a pipe to
+confined (kembed_api.platform.confinement: its environment, Landlock, its resource limits) and logging through a pipe to
 <data_dir>/logs/<job>/node-<i>.log, bounded (backends.node_logs). Child processes never outlive the server: a
 graceful stop SIGTERMs them (they checkpoint), and a server that died is cleaned up by `reclaim` on its next start.
 """
@@ -23,11 +23,11 @@ from typing import Any
 
 import yaml
 
-from kembed_api import confinement
-from kembed_api.admission import Quota
 from kembed_api.backends import node_logs
 from kembed_api.backends.base import Exit, Launch
-from kembed_api.ports import free_port
+from kembed_api.platform import confinement
+from kembed_api.platform.ports import free_port
+from kembed_api.quota.admission import Quota
 from kembed_contract import lifecycle, runtime
 from kembed_contract.quota import QuotaSpec, SharingSpec
 from kembed_contract.resources import TenantUsage

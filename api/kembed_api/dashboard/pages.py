@@ -20,9 +20,9 @@ from starlette.concurrency import run_in_threadpool
 
 from kembed_api import __version__
 from kembed_api.auth import service as auth_service
+from kembed_api.auth import sessions
+from kembed_api.auth.principal import Principal, session_principal
 from kembed_api.auth.roles import Action, Role, allowed
-from kembed_api.dashboard import sessions
-from kembed_api.deps import Principal, session_principal
 from kembed_api.jobs import errors, reads
 from kembed_contract import lifecycle
 

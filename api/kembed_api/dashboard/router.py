@@ -18,11 +18,12 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
-from kembed_api import errors
+from kembed_api.auth.principal import Admin, Db, Reader
 from kembed_api.dashboard import service
 from kembed_api.dashboard.schemas import ClusterOverview, TeamOverview, UsageHistory
-from kembed_api.deps import Admin, Db, QueueForecasts, Reader
-from kembed_api.responses import ModelResponse
+from kembed_api.jobs.forecasts import QueueForecasts
+from kembed_api.platform import errors
+from kembed_api.platform.responses import ModelResponse
 from kembed_api.tenants.models import quota_columns
 
 __all__ = ["RecentAnswers", "router"]

@@ -14,7 +14,6 @@ from datetime import UTC, date, datetime, time, timedelta
 
 from sqlalchemy import bindparam, func, or_, select
 
-from kembed_api.admission import Quota
 from kembed_api.dashboard.schemas import (
     Capacity,
     ClusterOverview,
@@ -24,10 +23,11 @@ from kembed_api.dashboard.schemas import (
     TenantOverview,
     UsageHistory,
 )
-from kembed_api.db import Executor, utcnow
 from kembed_api.jobs.models import Job, JobEvent
 from kembed_api.jobs.queue_forecast import expected_end
 from kembed_api.jobs.schemas import Progress
+from kembed_api.platform.db import Executor, utcnow
+from kembed_api.quota.admission import Quota
 from kembed_api.tenants import service as tenants
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.schemas import UsageAmounts

@@ -6,10 +6,10 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from kembed_api.db import utcnow
 from kembed_api.jobs.models import Job, JobEvent
 from kembed_api.jobs.reads import get_job
 from kembed_api.jobs.transitions import transition
+from kembed_api.platform.db import utcnow
 from kembed_api.tenants.models import Tenant
 from kembed_contract.lifecycle import TERMINAL_STATES, JobState
 

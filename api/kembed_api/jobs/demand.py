@@ -1,7 +1,7 @@
 """What a job holds while it runs, as stored columns and as the admission core's Demand."""
 
-from kembed_api.admission import Demand
 from kembed_api.jobs.models import Job
+from kembed_api.quota.admission import Demand
 
 __all__ = ["DEMAND_COLUMNS", "demand_from_columns", "describe"]
 

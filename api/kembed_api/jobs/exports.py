@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from kembed_api import checkpoints
-from kembed_api.jobs import checkpoint_reader
+from kembed_api.jobs import checkpoint_reader, checkpoints
 from kembed_contract import runtime
 from kembed_contract.storage_policy import StorageDenied, StoragePolicy, UriError
 from kembed_trainer.storage import Guard

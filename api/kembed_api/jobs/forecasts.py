@@ -19,15 +19,17 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
+from typing import Annotated
 
+from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from kembed_api.admission import Quota
-from kembed_api.db import Database
 from kembed_api.jobs import queue_forecast
+from kembed_api.platform.db import Database
+from kembed_api.quota.admission import Quota
 from kembed_api.tenants.models import Tenant
 
-__all__ = ["Forecasts"]
+__all__ = ["Forecasts", "QueueForecasts"]
 
 log = logging.getLogger(__name__)
 
@@ -93,3 +95,11 @@ class Forecasts:
         finally:
             with self._lock:
                 del self._replays[tenant.id]
+
+
+async def _forecasts(request: Request) -> Forecasts:
+    return request.app.state.forecasts
+
+
+QueueForecasts = Annotated[Forecasts, Depends(_forecasts)]
+"""A route's parameter: the app's forecasts (made once at start)."""

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 from sqlalchemy.exc import IntegrityError
 
-from kembed_api.db import Database
 from kembed_api.jobs.errors import CannotRun
 from kembed_api.jobs.schemas import JobRead
 from kembed_api.jobs.submissions import Outcome, Submission, submit_many
-from kembed_api.storage import PlatformStorage
+from kembed_api.platform.db import Database
+from kembed_api.platform.storage import PlatformStorage
 from kembed_contract.spec import JobSpec
 
 __all__ = ["Intake"]

@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from kembed_api.db import Base, UTCDateTime, utcnow
+from kembed_api.platform.db import Base, UTCDateTime, utcnow
 
 __all__ = ["Job", "JobEvent", "JobMetric"]
 
@@ -54,7 +54,7 @@ class Job(Base):
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     checkpoint_uri: Mapped[str | None] = mapped_column(Text, default=None)
     checkpoint_step: Mapped[int | None] = mapped_column(Integer, default=None)
-    # Storage the job takes (kembed_api.storage_use): its checkpoint folder after its latest save and pruning, as
+    # Storage the job takes (kembed_api.jobs.storage_use): its checkpoint folder after its latest save and pruning, as
     # its trainer counted it; its logs on this server (local backend).
     checkpoint_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     log_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")

@@ -8,10 +8,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from kembed_api.admission import Quota, RunningJob, estimate_start_times
-from kembed_api.db import utcnow
 from kembed_api.jobs.demand import DEMAND_COLUMNS, demand_from_columns
 from kembed_api.jobs.models import Job
+from kembed_api.platform.db import utcnow
+from kembed_api.quota.admission import Quota, RunningJob, estimate_start_times
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import quota_of
 from kembed_contract.lifecycle import ACTIVE_STATES, JobState

@@ -10,12 +10,12 @@ from pydantic import BaseModel
 from sqlalchemy import Row, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from kembed_api import estimates
-from kembed_api.db import Executor
+from kembed_api.jobs import estimates
 from kembed_api.jobs.errors import JobNotFound
 from kembed_api.jobs.ids import is_job_id
 from kembed_api.jobs.models import Job, JobEvent, JobMetric
 from kembed_api.jobs.schemas import JobEstimates, JobEventRead, JobList, JobMetricRead, JobRead, Progress
+from kembed_api.platform.db import Executor
 from kembed_api.tenants.models import Tenant
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec, read_stored

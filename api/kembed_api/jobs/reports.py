@@ -10,11 +10,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from kembed_api import storage_use
 from kembed_api.auth.service import hash_secret
-from kembed_api.db import utcnow
+from kembed_api.jobs import storage_use
 from kembed_api.jobs.models import Job, JobMetric
 from kembed_api.jobs.schemas import ReportRecord
+from kembed_api.platform.db import utcnow
 from kembed_contract import runtime
 from kembed_contract.lifecycle import TERMINAL_STATES, JobState
 

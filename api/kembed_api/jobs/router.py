@@ -14,11 +14,10 @@ from sqlalchemy import select
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from kembed_api import bodies, checkpoints, errors
-from kembed_api.deps import Db, QueueForecasts, Reader, Submitter
-from kembed_api.jobs import cancel, exports, ids, reads, reports, submissions
+from kembed_api.auth.principal import Db, Reader, Submitter
+from kembed_api.jobs import cancel, checkpoints, exports, ids, reads, reports, submissions
 from kembed_api.jobs.errors import CannotRun, JobNotFound, KeyReused, QueueFull
-from kembed_api.jobs.forecasts import Forecasts
+from kembed_api.jobs.forecasts import Forecasts, QueueForecasts
 from kembed_api.jobs.models import Job
 from kembed_api.jobs.schemas import (
     JobCreate,
@@ -30,7 +29,8 @@ from kembed_api.jobs.schemas import (
     NeighboursRead,
     ReportRecord,
 )
-from kembed_api.responses import ModelResponse
+from kembed_api.platform import bodies, errors
+from kembed_api.platform.responses import ModelResponse
 from kembed_api.tenants.service import policy_of
 from kembed_contract import spec as job_spec
 from kembed_contract.lifecycle import JobState
@@ -55,7 +55,7 @@ def _not_found() -> HTTPException:
 
 
 def _invalid(found: list[dict[str, Any]]) -> RequestValidationError:
-    # As FastAPI says it of a body; kembed_api.errors leaves out what the body held.
+    # As FastAPI says it of a body; kembed_api.platform.errors leaves out what the body held.
     return RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in found])
 
 

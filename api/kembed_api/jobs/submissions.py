@@ -13,16 +13,16 @@ from typing import Any
 from sqlalchemy import Connection, Row, bindparam, func, insert, literal, select, tuple_, union_all
 from sqlalchemy.orm import Session
 
-from kembed_api import estimates, storage_use
-from kembed_api.admission import Demand, never_fits
-from kembed_api.db import Executor, utcnow
+from kembed_api.jobs import estimates, storage_use
 from kembed_api.jobs.errors import CannotRun, KeyReused, QueueFull
 from kembed_api.jobs.ids import new_job_id
 from kembed_api.jobs.models import Job, JobEvent
 from kembed_api.jobs.reads import no_forecast, read_job, to_read
 from kembed_api.jobs.schemas import JobEventRead, JobRead
 from kembed_api.jobs.transitions import queue_changed
-from kembed_api.storage import PlatformStorage, how_to_grant
+from kembed_api.platform.db import Executor, utcnow
+from kembed_api.platform.storage import PlatformStorage, how_to_grant
+from kembed_api.quota.admission import Demand, never_fits
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import ceiling_of, policy_of
 from kembed_contract import runtime

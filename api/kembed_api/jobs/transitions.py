@@ -8,8 +8,8 @@ from datetime import datetime
 from sqlalchemy import Connection, bindparam, update
 from sqlalchemy.orm import Session
 
-from kembed_api.db import utcnow
 from kembed_api.jobs.models import Job, JobEvent
+from kembed_api.platform.db import utcnow
 from kembed_api.tenants.models import Tenant
 from kembed_contract import lifecycle
 from kembed_contract.lifecycle import TERMINAL_STATES, JobState

@@ -1,10 +1,10 @@
-"""Alembic environment: the URL comes from the caller (kembed_api.db.upgrade_to_head or alembic.ini)."""
+"""Alembic environment: the URL comes from the caller (kembed_api.platform.db.upgrade_to_head or alembic.ini)."""
 
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
 from kembed_api import models_registry  # noqa: F401  (registers every table on Base.metadata)
-from kembed_api.db import Base
+from kembed_api.platform.db import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Float, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from kembed_api.db import Base, UTCDateTime, utcnow
+from kembed_api.platform.db import Base, UTCDateTime, utcnow
 from kembed_contract.quota import QuotaSpec, Stored
 
 __all__ = ["Tenant", "quota_columns"]
@@ -38,14 +38,14 @@ class Tenant(_QuotaColumns, Base):
 
     # The quota columns (quota_gpus, quota_cpu, quota_memory_bytes, ...) come from the contract's QuotaSpec:
     # see _QuotaColumns above.
-    # Sharing (kembed_api.preemption): the quota columns are the tenant's nominal (guaranteed) share; in a cohort
+    # Sharing (kembed_api.quota.preemption): the quota columns are the tenant's nominal (guaranteed) share; in a cohort
     # it may borrow what the other members leave idle, up to `borrowing_limit` (a QuotaSpec as JSON; NULL:
     # unlimited), and they may reclaim it. `max_priority_class`: the highest of the platform's priority classes
     # its jobs may use (NULL: any).
     cohort: Mapped[str | None] = mapped_column(String(48), default=None)
     borrowing_limit: Mapped[dict | None] = mapped_column(JSON, default=None)
     max_priority_class: Mapped[str | None] = mapped_column(String(32), default=None)
-    # The storage policy a platform admin set (canonical URI prefixes; kembed_api.storage adds the tenant's own
+    # The storage policy a platform admin set (canonical URI prefixes; kembed_api.platform.storage adds the tenant's own
     # checkpoint folder and the places no tenant may reach). NULL: not set yet, the platform's defaults; the
     # server writes them in at start (a tenant from before the policy existed).
     storage_read_prefixes: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), default=None)
@@ -58,5 +58,5 @@ class Tenant(_QuotaColumns, Base):
     # QUEUED jobs now (the usage endpoint's queue length).
     queued_jobs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Bytes the tenant keeps stored: the sum of its jobs' checkpoint_bytes and log_bytes, kept with them by
-    # kembed_api.storage_use.record_job_bytes (against quota.storage; a sum of its jobs would cost as many rows).
+    # kembed_api.jobs.storage_use.record_job_bytes (against quota.storage; a sum of its jobs would cost as many rows).
     stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")

@@ -8,12 +8,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request, Response, status
 
-from kembed_api import errors
 from kembed_api.auth import service as auth_service
 from kembed_api.auth.models import ApiToken
+from kembed_api.auth.principal import Admin, Db, Principal, Reader, TokenManager
 from kembed_api.auth.roles import Role, may_hold
-from kembed_api.deps import Admin, Db, Principal, Reader, TokenManager
-from kembed_api.responses import ModelResponse
+from kembed_api.platform import errors
+from kembed_api.platform.responses import ModelResponse
 from kembed_api.tenants import service
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.schemas import (

@@ -8,11 +8,11 @@ from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kembed_api import preemption
-from kembed_api.admission import Quota
-from kembed_api.db import Executor, utcnow
 from kembed_api.jobs.models import Job
-from kembed_api.storage import PlatformStorage
+from kembed_api.platform.db import Executor, utcnow
+from kembed_api.platform.storage import PlatformStorage
+from kembed_api.quota import preemption
+from kembed_api.quota.admission import Quota
 from kembed_api.tenants.models import Tenant, quota_columns
 from kembed_api.tenants.schemas import (
     QuotaSpec,
@@ -157,7 +157,7 @@ def list_tenants(session: Session) -> list[Tenant]:
 # The usage endpoint's statements, built once with bound parameters: building them is most of its cost. What
 # the tenant's active jobs hold, with the queue's length beside it (in one round trip): the tenant's own count,
 # not a count of its queue (as costly as the queue is long). The active states are ORs, not an IN list: a list is
-# expanded on each execution, which the driver-level reads of kembed_api.pg_reads leave out.
+# expanded on each execution, which the driver-level reads of kembed_api.platform.pg_reads leave out.
 _QUEUE_LENGTH = select(Tenant.queued_jobs).where(Tenant.id == bindparam("tenant_id")).scalar_subquery()
 _STORED = select(Tenant.stored_bytes).where(Tenant.id == bindparam("tenant_id")).scalar_subquery()
 _USED_AND_QUEUED = select(

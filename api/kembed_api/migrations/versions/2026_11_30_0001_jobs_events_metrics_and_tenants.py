@@ -6,7 +6,7 @@ Create Date: 2026-11-30 03:43:59.613829
 """
 from alembic import op
 import sqlalchemy as sa
-import kembed_api.db
+import kembed_api.platform.db
 
 
 revision = '0001'
@@ -19,7 +19,7 @@ def upgrade() -> None:
     op.create_table('tenants',
     sa.Column('id', sa.Integer(), nullable=False),
     sa.Column('name', sa.String(length=48), nullable=False),
-    sa.Column('created_at', kembed_api.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('created_at', kembed_api.platform.db.UTCDateTime(timezone=True), nullable=False),
     sa.PrimaryKeyConstraint('id'),
     sa.UniqueConstraint('name')
     )
@@ -36,10 +36,10 @@ def upgrade() -> None:
     sa.Column('message', sa.Text(), nullable=False),
     sa.Column('cancel_requested', sa.Boolean(), nullable=False),
     sa.Column('restart_count', sa.Integer(), nullable=False),
-    sa.Column('created_at', kembed_api.db.UTCDateTime(timezone=True), nullable=False),
-    sa.Column('admitted_at', kembed_api.db.UTCDateTime(timezone=True), nullable=True),
-    sa.Column('started_at', kembed_api.db.UTCDateTime(timezone=True), nullable=True),
-    sa.Column('finished_at', kembed_api.db.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('created_at', kembed_api.platform.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('admitted_at', kembed_api.platform.db.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('started_at', kembed_api.platform.db.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('finished_at', kembed_api.platform.db.UTCDateTime(timezone=True), nullable=True),
     sa.Column('step', sa.Integer(), nullable=False),
     sa.Column('total_steps', sa.Integer(), nullable=False),
     sa.Column('metrics', sa.JSON(), nullable=False),
@@ -59,7 +59,7 @@ def upgrade() -> None:
     op.create_table('job_events',
     sa.Column('id', sa.Integer(), autoincrement=True, nullable=False),
     sa.Column('job_seq', sa.Integer(), nullable=False),
-    sa.Column('time', kembed_api.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('time', kembed_api.platform.db.UTCDateTime(timezone=True), nullable=False),
     sa.Column('state', sa.String(length=16), nullable=False),
     sa.Column('reason', sa.String(length=64), nullable=False),
     sa.Column('message', sa.Text(), nullable=False),
@@ -72,7 +72,7 @@ def upgrade() -> None:
     op.create_table('job_metrics',
     sa.Column('id', sa.Integer(), autoincrement=True, nullable=False),
     sa.Column('job_seq', sa.Integer(), nullable=False),
-    sa.Column('time', kembed_api.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('time', kembed_api.platform.db.UTCDateTime(timezone=True), nullable=False),
     sa.Column('event', sa.String(length=32), nullable=False),
     sa.Column('step', sa.Integer(), nullable=False),
     sa.Column('values', sa.JSON(), nullable=False),

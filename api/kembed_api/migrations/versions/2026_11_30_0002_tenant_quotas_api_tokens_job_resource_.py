@@ -6,7 +6,7 @@ Create Date: 2026-11-30 04:01:06.429297
 """
 from alembic import op
 import sqlalchemy as sa
-import kembed_api.db
+import kembed_api.platform.db
 from kembed_contract.spec import parse_quantity
 
 
@@ -24,9 +24,9 @@ def upgrade() -> None:
     sa.Column('role', sa.String(length=16), nullable=False),
     sa.Column('token_hash', sa.String(length=64), nullable=False),
     sa.Column('prefix', sa.String(length=12), nullable=False),
-    sa.Column('created_at', kembed_api.db.UTCDateTime(timezone=True), nullable=False),
-    sa.Column('expires_at', kembed_api.db.UTCDateTime(timezone=True), nullable=True),
-    sa.Column('revoked_at', kembed_api.db.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('created_at', kembed_api.platform.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('expires_at', kembed_api.platform.db.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('revoked_at', kembed_api.platform.db.UTCDateTime(timezone=True), nullable=True),
     sa.ForeignKeyConstraint(['tenant_id'], ['tenants.id'], ),
     sa.PrimaryKeyConstraint('id'),
     sa.UniqueConstraint('token_hash')
@@ -41,7 +41,7 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column('processes', sa.Integer(), nullable=False, server_default='0'))
 
     with op.batch_alter_table('tenants', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('updated_at', kembed_api.db.UTCDateTime(timezone=True), nullable=True))
+        batch_op.add_column(sa.Column('updated_at', kembed_api.platform.db.UTCDateTime(timezone=True), nullable=True))
         batch_op.add_column(sa.Column('quota_gpus', sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column('quota_cpu', sa.Float(), nullable=True))
         batch_op.add_column(sa.Column('quota_memory_bytes', sa.BigInteger(), nullable=True))

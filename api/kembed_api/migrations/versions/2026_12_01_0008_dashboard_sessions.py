@@ -7,7 +7,7 @@ Create Date: 2026-12-01 15:30:00
 import sqlalchemy as sa
 from alembic import op
 
-from kembed_api.db import UTCDateTime
+from kembed_api.platform.db import UTCDateTime
 
 revision = '0008'
 down_revision = '0007'

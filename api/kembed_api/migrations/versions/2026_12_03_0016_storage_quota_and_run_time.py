@@ -8,7 +8,7 @@ Create Date: 2026-12-03 08:30:00
 import sqlalchemy as sa
 from alembic import op
 
-import kembed_api.db
+import kembed_api.platform.db
 
 revision = '0016'
 down_revision = '0015'
@@ -25,7 +25,7 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column('checkpoint_bytes', sa.BigInteger(), server_default='0', nullable=False))
         batch_op.add_column(sa.Column('log_bytes', sa.BigInteger(), server_default='0', nullable=False))
         batch_op.add_column(sa.Column('run_seconds', sa.Float(), server_default='0', nullable=False))
-        batch_op.add_column(sa.Column('running_since', kembed_api.db.UTCDateTime(timezone=True), nullable=True))
+        batch_op.add_column(sa.Column('running_since', kembed_api.platform.db.UTCDateTime(timezone=True), nullable=True))
 
 
 def downgrade() -> None:

@@ -2,7 +2,7 @@
 
 A poll of a job is one short statement, and SQLAlchemy's Core execution and result layers cost the API more CPU
 than the statement itself (docs/benchmarks.md, API load). `DriverReads` stands in for the Connection that read functions take
-(kembed_api.db.Executor), for what they use of it: `execute(statement, parameters)` and `scalar(...)`, with
+(kembed_api.platform.db.Executor), for what they use of it: `execute(statement, parameters)` and `scalar(...)`, with
 results iterated, unpacked, or taken by `one()`, `one_or_none()`, `all()`, `scalar()`, and rows read by column
 name. Each statement is compiled once (they are module constants) by SQLAlchemy's own PostgreSQL compiler; one
 that binds a list (`in_([...])`, expanded per execution) is refused.

@@ -5,7 +5,7 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from kembed_api.db import Base, UTCDateTime, utcnow
+from kembed_api.platform.db import Base, UTCDateTime, utcnow
 
 __all__ = ["DashboardSession"]
 

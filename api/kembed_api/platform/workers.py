@@ -5,7 +5,7 @@ the workers evenly (by a hash of each connection's addresses). With one socket s
 own `workers=`), whichever worker woke first accepted a whole burst of connections: keep-alive clients that
 connect together, a load balancer's pool, all landed on one worker while the others idled.
 
-One worker at a time runs the dispatcher (a lock in the data dir chooses it, kembed_api.dispatcher); all of
+One worker at a time runs the dispatcher (a lock in the data dir chooses it, kembed_api.scheduling.dispatcher); all of
 them serve requests. This process only supervises: a worker that dies is started again, and SIGTERM or SIGINT
 stops the workers gracefully (each lets its trainers checkpoint, as a single server does) before it returns.
 """
@@ -23,7 +23,7 @@ import time
 from collections import deque
 from typing import Any
 
-from kembed_api.settings import Settings
+from kembed_api.platform.settings import Settings
 
 __all__ = ["serve_workers"]
 
@@ -83,7 +83,7 @@ def _prepare(settings: Settings, overrides: dict[str, Any]) -> None:
     travel as KEMBED_ variables; the schema is migrated once here rather than raced to by every worker; and
     metrics observed in one worker (admission waits, by the one that dispatches) are shared through
     prometheus_client's multiprocess files, so that any worker answers a scrape whole."""
-    from kembed_api.db import upgrade_to_head
+    from kembed_api.platform.db import upgrade_to_head
 
     given = {**overrides, "data_dir": settings.data_dir, "workers": settings.workers}
     os.environ.update({f"KEMBED_{key.upper()}": str(value) for key, value in given.items()})

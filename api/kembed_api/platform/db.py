@@ -1,4 +1,4 @@
-"""Database engine, sessions and the declarative base; migrations are Alembic's (see migrations/)."""
+"""Database engine, sessions and the declarative base; migrations are Alembic's (kembed_api/migrations/)."""
 
 from __future__ import annotations
 
@@ -20,14 +20,17 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
-from kembed_api.pg_reads import DriverReads
+from kembed_api.platform.pg_reads import DriverReads
 
-__all__ = ["Base", "Database", "Executor", "UTCDateTime", "utcnow", "upgrade_to_head"]
+__all__ = ["MIGRATIONS", "Base", "Database", "Executor", "UTCDateTime", "utcnow", "upgrade_to_head"]
+
+# Alembic's scripts: beside the package's domains, since they import every domain's tables.
+MIGRATIONS = Path(__file__).parents[1] / "migrations"
 
 T = TypeVar("T")
 
 # What read-only service functions take: an ORM Session, the bare Connection of `Database.read` on SQLite, or its
-# stand-in on PostgreSQL (kembed_api.pg_reads); all execute Core statements alike.
+# stand-in on PostgreSQL (kembed_api.platform.pg_reads); all execute Core statements alike.
 Executor = Session | Connection | DriverReads
 
 
@@ -43,7 +46,7 @@ class UTCDateTime(TypeDecorator):
 
     def process_bind_param(self, value, dialect):
         if value is not None and value.tzinfo is None:
-            raise ValueError("naive datetime given to the database; use kembed_api.db.utcnow()")
+            raise ValueError("naive datetime given to the database; use kembed_api.platform.db.utcnow()")
         return value
 
     def process_result_value(self, value, dialect):
@@ -239,6 +242,6 @@ class Database:
 def upgrade_to_head(database_url: str) -> None:
     """The prestart step: bring the schema to the newest migration (idempotent)."""
     config = Config()
-    config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    config.set_main_option("script_location", str(MIGRATIONS))
     config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
     command.upgrade(config, "head")

@@ -168,7 +168,7 @@ class Settings(MintingSettings, BaseSettings):
         description="Largest request body accepted, in bytes (413 beyond it, checked before the body is parsed). "
         "A job spec is a few kilobytes; 1 MiB leaves room for large table lists and refuses floods.",
     )
-    # Fair use (kembed_api.ratelimit, docs/api.md#rate-limits). A unit is one request, about a millisecond of the
+    # Fair use (kembed_api.auth.ratelimit, docs/api.md#rate-limits). A unit is one request, about a millisecond of the
     # server's CPU (plus one per 4 KiB of its body and per 64 KiB of its answer; 10 for exports, neighbours, logs
     # and checkpoint listings). Each worker process counts for itself.
     rate_limits: bool = Field(

@@ -20,14 +20,14 @@ from pydantic import ValidationError
 from sqlalchemy import Row, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from kembed_api import preemption, storage_use
 from kembed_api.backends.base import Backend, Launch, NotReady, Observed
-from kembed_api.db import Database, utcnow
-from kembed_api.jobs import reports, transitions
+from kembed_api.jobs import reports, storage_use, transitions
 from kembed_api.jobs.demand import DEMAND_COLUMNS, demand_from_columns, describe
 from kembed_api.jobs.models import Job, JobEvent
-from kembed_api.observability import Metrics
-from kembed_api.storage import PlatformStorage
+from kembed_api.platform.db import Database, utcnow
+from kembed_api.platform.storage import PlatformStorage
+from kembed_api.quota import preemption
+from kembed_api.scheduling.observability import Metrics
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import policy_of, quota_spec, share_of, sharing_of, usage_status
 from kembed_contract import lifecycle
@@ -350,7 +350,7 @@ class Dispatcher:
 
     def _admit(self, session: Session) -> None:
         """Per-tenant queues, priority then FIFO; each admission all-or-nothing against quota and capacity; the
-        decisions are kembed_api.preemption's (cohorts, borrowing, preemption), carried out here.
+        decisions are kembed_api.quota.preemption's (cohorts, borrowing, preemption), carried out here.
 
         Within a tenant the head of the queue is never overtaken (a smaller job behind it waits too); across
         tenants, one tenant's blocked head does not hold up the others. So once every tenant with jobs waiting

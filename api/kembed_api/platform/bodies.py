@@ -24,7 +24,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 
-from kembed_api import errors
+from kembed_api.platform import errors
 
 __all__ = ["MAX_JSON_VALUES", "BodyGuard", "InvalidJson", "find_non_finite", "is_json"]
 

@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 
 from kembed_api.auth.models import ApiToken
 from kembed_api.auth.service import hash_secret
-from kembed_api.dashboard.models import DashboardSession
-from kembed_api.db import utcnow
+from kembed_api.auth.session_models import DashboardSession
+from kembed_api.platform.db import utcnow
 from kembed_api.tenants.models import Tenant
 
 __all__ = ["COOKIE_NAME", "CSRF_FIELD", "CSRF_HEADER", "csrf_matches", "csrf_token", "end", "resolve", "start"]

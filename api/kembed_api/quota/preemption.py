@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-from kembed_api.admission import Demand, Quota, shortfall
+from kembed_api.quota.admission import Demand, Quota, shortfall
 
 __all__ = ["Admit", "Pending", "Plan", "Preempt", "Running", "Share", "Wait", "decide"]
 

@@ -41,9 +41,9 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from kembed_api import errors
 from kembed_api.auth.service import hash_secret
-from kembed_api.dashboard.sessions import COOKIE_NAME
+from kembed_api.auth.sessions import COOKIE_NAME
+from kembed_api.platform import errors
 
 __all__ = ["ANSWER_BYTES_PER_UNIT", "BODY_BYTES_PER_UNIT", "HEAVY_COST", "TARPIT_S", "Buckets", "Limits", "Rate", "RateLimits", "note_tenant"]
 
@@ -104,7 +104,7 @@ class Buckets:
 
 @dataclass(frozen=True)
 class Limits:
-    """What RateLimits enforces (kembed_api.settings.Settings documents each default)."""
+    """What RateLimits enforces (kembed_api.platform.settings.Settings documents each default)."""
 
     token: Rate
     tenant: Rate
@@ -112,7 +112,7 @@ class Limits:
     auth_failures: Rate
     heavy_in_flight: int
     in_flight: int  # reads (GET) of one tenant under way at once
-    max_body_bytes: int  # a larger body is refused unread (kembed_api.bodies): it costs one unit, not its size
+    max_body_bytes: int  # a larger body is refused unread (kembed_api.platform.bodies): it costs one unit, not its size
 
 
 def note_tenant(scope: Scope, tenant_id: int) -> None:

@@ -19,8 +19,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
-from kembed_api.db import Database
 from kembed_api.jobs.models import Job
+from kembed_api.platform.db import Database
 from kembed_api.tenants.models import Tenant
 from kembed_contract.lifecycle import ACTIVE_STATES, JobState
 

@@ -1,4 +1,4 @@
-"""FastAPI dependencies: who is calling (token -> tenant + role), the database, the queue forecasts.
+"""FastAPI dependencies: who is calling (token or session -> tenant + role) and the database.
 
 They are all `async` and do no blocking I/O on a warm cache, so a request reaches its route without a trip
 through the worker threads; sync routes then open their own database session (`with db.session()`) in the one
@@ -18,18 +18,16 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from kembed_api import ratelimit
+from kembed_api.auth import ratelimit, sessions
 from kembed_api.auth import service as auth_service
 from kembed_api.auth.roles import Action, Role, allowed
-from kembed_api.dashboard import sessions
-from kembed_api.db import Database, utcnow
-from kembed_api.jobs.forecasts import Forecasts
+from kembed_api.platform.db import Database, utcnow
 from kembed_api.tenants.models import Tenant
-from kembed_api.tenants.service import ensure_tenant
 
-__all__ = ["Admin", "Db", "MetricsCaller", "MetricsView", "Principal", "QueueForecasts", "Reader", "Submitter", "TokenManager",
+__all__ = ["Admin", "Db", "MetricsCaller", "MetricsView", "Principal", "Reader", "Submitter", "TokenManager",
            "session_principal"]
 
 _bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer kmb_...`")
@@ -61,7 +59,9 @@ def _look_up(request: Request, secret: str | None) -> Principal | None:
     with db.session() as session:
         if not settings.auth:
             # Tokens switched off (a private single-user server): everyone is the default tenant's admin.
-            return Principal(tenant=ensure_tenant(session, name=settings.default_tenant), role=Role.PLATFORM_ADMIN)
+            # The default tenant exists from the server's start (app bootstrap): read, never made, here.
+            tenant = session.scalars(select(Tenant).where(Tenant.name == settings.default_tenant)).one()
+            return Principal(tenant=tenant, role=Role.PLATFORM_ADMIN)
         found = auth_service.authenticate(session, secret=secret)
     if found is None:
         return None
@@ -179,9 +179,3 @@ Submitter = Annotated[Principal, Depends(_require(Action.SUBMIT))]
 TokenManager = Annotated[Principal, Depends(_require(Action.MANAGE_TOKENS))]
 Admin = Annotated[Principal, Depends(_require(Action.MANAGE_TENANTS))]
 
-
-async def _forecasts(request: Request) -> Forecasts:
-    return request.app.state.forecasts
-
-
-QueueForecasts = Annotated[Forecasts, Depends(_forecasts)]

@@ -1,0 +1,3 @@
+from kembed_api.cli import app
+
+app()
