@@ -48,8 +48,10 @@ def test_ids_outside_the_table_fail_at_once_with_the_reason_and_no_restart(serve
     job = server.client.submit(spec)
     done = server.wait_terminal(job["id"])
     assert (done["state"], done["reason"], done["restart_count"]) == ("FAILED", "TrainerExitedPermanently", 0)
+    # The id, the table's bounds, the way out, and where the first bad id is: column, file, row group and row.
     assert re.fullmatch(r"node 0 \(node rank 0\) failed with exit code 2: data error: feature 'user': ids \d+\.\.100 "
-                        r"outside \[0, 100\); set hash_ids on its table for unbounded ids", done["message"]), done["message"]
+                        r"outside \[0, 100\); set hash_ids on its table \(column 'user', first at file://\S+/ratings\.parquet "
+                        r"row group 0 row \d+\)", done["message"]), done["message"]
     assert "Root Cause" not in done["message"] and "torch.distributed" not in done["message"]
     assert "Restarting" not in [e["reason"] for e in done["events"]]
 
