@@ -31,6 +31,7 @@ __all__ = [
     "CHECKPOINT_MARKER",
     "CheckpointMarker",
     "ENV_JOB_ID",
+    "ENV_LOCAL_DIR",
     "ENV_REPORT_TOKEN",
     "ENV_REPORT_URL",
     "ENV_TERMINATION_LOG",
@@ -92,6 +93,10 @@ ENV_TERMINATION_LOG = "KEMBED_TERMINATION_LOG"  # a file: the first failing rank
 # Bytes the job's checkpoint folder may hold once a save has landed and the older steps it replaces are pruned:
 # the tenant's storage quota less what the tenant keeps elsewhere, counted by the API at launch. Unset: no limit.
 ENV_STORAGE_BUDGET = "KEMBED_STORAGE_BUDGET_BYTES"
+# A folder on the node's local disk where a trainer keeps scratch files: tiered tables' rows (kembed_trainer.tiered).
+# Set by the launcher (the operator's volume, issue 30 part 3); unset: the system's temporary folder. Never a path
+# from the job's config: a tenant does not choose where on a node the trainer writes.
+ENV_LOCAL_DIR = "KEMBED_LOCAL_DIR"
 
 
 def storage_budget(environ: Mapping[str, str] | None = None) -> int | None:

@@ -42,6 +42,7 @@ __all__ = [
     "TableConfig",
     "TableDataConfig",
     "TextDataConfig",
+    "TierConfig",
     "TrainerConfig",
     "TrainingConfig",
     "TwoTowerConfig",
@@ -121,6 +122,28 @@ class _Strict(BaseModel):
 
 
 # ----------------------------------------------------------------------------------------------- embeddings
+class TierConfig(_Strict):
+    """A tiered table: all its rows and their optimizer state on the node's local disk, the hot ones cached in
+    memory (docs/trainer.md, tiered tables). Give the cache as rows or as MB, not both.
+
+    Until the table kinds' registry lands this section selects the kind; it then becomes the `tiered` kind's own.
+    """
+
+    cache_rows: _int(1, MAX_ROWS) | None = Field(
+        None, description="Rows of this table the cache holds (each with its optimizer state). It must hold every "
+        "distinct row of two steps at once: the one training and the next, fetched meanwhile.")
+    cache_mb: _float(gt=0, le=2**30) | None = Field(
+        None, description="The cache as MB of rows and their optimizer state, instead of cache_rows.")
+    io_threads: _int(1, 64) = Field(
+        4, description="Threads reading and writing the table's rows on disk, so that the disk's latencies overlap.")
+
+    @model_validator(mode="after")
+    def _one_size(self) -> TierConfig:
+        if (self.cache_rows is None) == (self.cache_mb is None):
+            raise ValueError("give the cache's size as cache_rows or cache_mb (one of them)")
+        return self
+
+
 class TableConfig(_Strict):
     """One embedding table; several features may share it (e.g. `user_id` and `friend_id`)."""
 
@@ -154,6 +177,17 @@ class TableConfig(_Strict):
         "its rows (ids and vectors are exchanged all-to-all); auto: row_wise when num_embeddings >= "
         "embeddings.shard_threshold_rows.",
     )
+    tier: TierConfig | None = Field(
+        None, description="Keep the table's rows on the node's local disk and only the hot ones in memory "
+        "(tables larger than the job's memory); null = all rows in memory. A tiered table is sharded row-wise "
+        "(each rank's disk holds its rows).")
+
+    @model_validator(mode="after")
+    def _tier_is_sharded(self) -> TableConfig:
+        if self.tier is not None and self.sharding == "replicated":
+            raise ValueError("tier: a tiered table is sharded row-wise (each rank's disk holds its rows), "
+                             "not replicated")
+        return self
 
 
 class EmbeddingsConfig(_Strict):
@@ -167,6 +201,8 @@ class EmbeddingsConfig(_Strict):
 
     def is_sharded(self, table: TableConfig) -> bool:
         """Whether `table` is split row-wise across ranks (decided by the config alone, not the world size)."""
+        if table.tier is not None:
+            return True
         if table.sharding == "auto":
             return table.num_embeddings >= self.shard_threshold_rows
         return table.sharding == "row_wise"
@@ -194,8 +230,9 @@ class EmbeddingsConfig(_Strict):
 
     @property
     def ordered_tables(self) -> list[TableConfig]:
-        """Tables grouped by width (stable), so the tables of one width are looked up in one call."""
-        return sorted(self.tables, key=lambda t: t.embedding_dim)
+        """Tables grouped by width (stable), so the tables of one width are looked up in one call; within a width,
+        tiered tables first (they are looked up in a group of their own)."""
+        return sorted(self.tables, key=lambda t: (t.embedding_dim, t.tier is None))
 
     @property
     def features(self) -> list[str]:

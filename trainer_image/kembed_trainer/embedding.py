@@ -14,6 +14,7 @@ only its own rows.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import NamedTuple
@@ -31,6 +32,8 @@ __all__ = ["EmbeddingCollection", "hash_rows"]
 
 
 class _Group:
+    tiered = False  # see kembed_trainer.tiered.table
+
     """The tables of one width: replicated ones stacked in `weight`, this rank's rows of sharded ones in `shard`.
 
     Rows are addressed by a virtual index over all tables of the group stacked whole (`table_starts`), which is
@@ -52,7 +55,13 @@ class _Group:
         first_table: int,
         rank: int,
         world_size: int,
+        table_ids: list[int] | None = None,
+        hold_shard: bool = True,
     ) -> None:
+        """`table_ids`: each table's index over all tables (seeds its sharded rows; default: from `first_table`
+        on). `hold_shard=False`: this rank's rows of sharded tables are not allocated here (a tiered group holds
+        them on disk and sets `shard` to its cache)."""
+        table_ids = table_ids or [first_table + i for i in range(len(tables))]
         self.tables = tables
         self.dim = tables[0].embedding_dim
         self.features = [f for t in tables for f in t.features]
@@ -105,12 +114,12 @@ class _Group:
         self.layout = sharding.RowLayout(
             [n if sh else 0 for n, sh in zip(sizes, sharded, strict=True)], world_size, rank, device
         )
-        self.shard = hugepages.empty(self.layout.num_local_rows, self.dim, device=device)
+        self.shard = hugepages.empty(self.layout.num_local_rows if hold_shard else 0, self.dim, device=device)
         for i, t in enumerate(tables):
-            if sharded[i]:
+            if sharded[i] and hold_shard:
                 piece = self.layout.local_slice(i)
                 lo = self.layout.table_lo(i)
-                _seeded_uniform(self.shard[piece], lo, _bound(t), seed=seed, table=first_table + i)
+                _seeded_uniform(self.shard[piece], lo, _bound(t), seed=seed, table=table_ids[i])
         self.state: dict[str, torch.Tensor] = {}
         self.shard_state: dict[str, torch.Tensor] = {}
         # Rows changed since the last checkpoint (weights and optimizer state; admission counts apart), so an
@@ -210,11 +219,22 @@ class EmbeddingCollection:
         rank: int = 0,
     ) -> None:
         gen = torch.Generator(device=device).manual_seed(seed)
-        by_dim: dict[int, list[config.TableConfig]] = {}
+        # One group per width, and the tiered tables of a width in a group of their own (a table kind's seam:
+        # the registry of table kinds will key groups by kind).
+        by_dim: dict[tuple[int, bool], list[config.TableConfig]] = {}
         for t in emb_cfg.ordered_tables:
-            by_dim.setdefault(t.embedding_dim, []).append(t)
-        self.groups, first = [], 0
-        for tables in by_dim.values():
+            by_dim.setdefault((t.embedding_dim, t.tier is not None), []).append(t)
+        # Each table's seed: its place by width alone, so a table starts the same tiered or not.
+        table_id = {t.name: i for i, t in enumerate(sorted(emb_cfg.tables, key=lambda t: t.embedding_dim))}
+        self.groups = []
+        for (_, tiered_group), tables in by_dim.items():
+            ids = [table_id[t.name] for t in tables]
+            if tiered_group:
+                from kembed_trainer.tiered import table as tiered  # numba only where it is used
+
+                self.groups.append(tiered.TieredGroup(tables, optimizer=opt_cfg.name, device=device, seed=seed,
+                                                      table_ids=ids, rank=rank, world_size=world_size))
+                continue
             sharded = [emb_cfg.is_sharded(t) for t in tables]
             self.groups.append(
                 _Group(
@@ -223,16 +243,19 @@ class EmbeddingCollection:
                     device=device,
                     gen=gen,
                     seed=seed,
-                    first_table=first,
+                    first_table=ids[0],
+                    table_ids=ids,
                     rank=rank,
                     world_size=world_size,
                 )
             )
-            first += len(tables)
         self.optimizer = sparse_optim.build_sparse_optimizer(opt_cfg)
         for g in self.groups:
             g.state = self.optimizer.init_state(g.weight.shape[0], g.dim, device)
             g.shard_state = self.optimizer.init_state(g.shard.shape[0], g.dim, device)
+        self.tiered = [g for g in self.groups if g.tiered]
+        for g in self.tiered:
+            g.open()
         self.lr = opt_cfg.lr
         self.world_size = world_size
         self.device = device
@@ -277,6 +300,43 @@ class EmbeddingCollection:
             self.last_unique_rows += bags.unique_rows.numel()
             first += nf
         return out
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether `prefetch` helps: some tables are tiered (their rows on disk) and lookups stay on this rank."""
+        return bool(self.tiered) and self.world_size == 1
+
+    def prefetch(self, batch: Batch) -> None:
+        """Start making the rows `batch` will look up in tiered tables resident (on a background thread): the
+        trainer hands over the next step's batch while this step trains."""
+        if not self.prefetches:
+            return
+        lengths = batch.lengths.view(self.num_features, batch.batch_size)
+        counts = lengths.sum(1).tolist()
+        values = torch.split(batch.values, counts)
+        first = 0
+        for g in self.groups:
+            nf = len(g.features)
+            if g.tiered:
+                g.prefetch(functools.partial(_unique_storage_rows, g, values[first: first + nf],
+                                             counts[first: first + nf]))
+            first += nf
+
+    def tier_stats(self) -> dict[str, float]:
+        """The tiered tables' counters since the last call, summed over their groups (see docs/trainer.md)."""
+        if not self.tiered:
+            return {}
+        from kembed_trainer.tiered import table as tiered
+
+        total = tiered.TierStats()
+        for g in self.tiered:
+            total.add(g.take_stats())
+        return vars(total)
+
+    def close(self) -> None:
+        """Stop the tiered tables' threads and close their files."""
+        for g in self.tiered:
+            g.close()
 
     def lookup_nothing(self) -> None:
         """Take part in other ranks' lookups without looking anything up (a rank out of eval batches)."""
@@ -394,6 +454,11 @@ class EmbeddingCollection:
         return DTensor.from_local(local, self._mesh, [Shard(0)], run_check=False, shape=shape, stride=stride)
 
     _mesh = None
+
+
+def _unique_storage_rows(g: _Group, values: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
+    """The sorted distinct storage rows a lookup of these features' ids will need (as `__call__` finds them)."""
+    return torch.unique(g.storage_rows(g.admit(g.rows_of(values)), counts))
 
 
 def _bound(t: config.TableConfig) -> float:

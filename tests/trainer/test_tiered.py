@@ -1,0 +1,160 @@
+"""Tiered tables (rows on local disk, hot rows cached) give the numbers of in-memory tables, with a small cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kembed_contract import trainer_config as config
+from kembed_trainer import embedding
+from kembed_trainer.data.batch import Batch
+from kembed_trainer.tiered import cache as tier_cache
+from kembed_trainer.tiered import store as tier_store
+
+OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam"]
+BATCH = 64
+
+
+def tables(tier: dict | None) -> list[dict]:
+    """Two tiered-or-not tables of width 8 (one with admission and weight decay), and an in-memory one beside."""
+    extra = {"tier": tier} if tier else {"sharding": "row_wise"}
+    return [
+        {"name": "big", "num_embeddings": 3000, "embedding_dim": 8, "features": ["a", "b"], **extra},
+        {"name": "mid", "num_embeddings": 700, "embedding_dim": 8, "features": ["c"], "lr_scale": 0.5,
+         "weight_decay": 0.01, "admit_after": 2, **extra},
+        {"name": "small", "num_embeddings": 50, "embedding_dim": 8, "features": ["d"]},
+    ]
+
+
+def collection(optimizer: str, tier: dict | None, tmp_path, monkeypatch) -> embedding.EmbeddingCollection:
+    monkeypatch.setenv("KEMBED_LOCAL_DIR", str(tmp_path))
+    emb = config.EmbeddingsConfig.model_validate({"tables": tables(tier)})
+    opt = config.SparseOptimizerConfig(name=optimizer, lr=0.05)
+    return embedding.EmbeddingCollection(emb, opt, device=torch.device("cpu"), seed=3, world_size=1)
+
+
+def zipf_batch(step: int) -> Batch:
+    gen = torch.Generator().manual_seed(step)
+    sizes = {"a": 3000, "b": 3000, "c": 700, "d": 50}
+    values, lengths = [], []
+    for n in sizes.values():
+        lens = torch.randint(1, 3, (BATCH,), generator=gen)
+        ranks = torch.multinomial(torch.arange(1, n + 1, dtype=torch.float64) ** -1.1, int(lens.sum()), True,
+                                  generator=gen)
+        values.append((ranks * 7919) % n)  # hot ids spread over the table
+        lengths.append(lens)
+    return Batch(dense=torch.zeros(BATCH, 0), values=torch.cat(values), lengths=torch.cat(lengths),
+                 labels=torch.zeros(BATCH))
+
+
+def train(coll: embedding.EmbeddingCollection, steps: int, *, prefetch: bool) -> list[tuple]:
+    """Each step's pooled vectors and their gradients; a fixed linear loss of the pooled vectors."""
+    seen = []
+    for step in range(steps):
+        pooled = coll(zipf_batch(step))
+        if prefetch and step % 5 != 4:  # some steps without: the lookup fetches what it misses itself
+            coll.prefetch(zipf_batch(step + 1))
+        everything = torch.cat(pooled, 1)
+        (everything * torch.linspace(-1, 1, everything.numel()).view_as(everything)).sum().backward()
+        # The rows' gradients: of replicated tables, then of sharded (or tiered) ones, in row order.
+        grads = [touched.grad for _, _, touched, _ in coll._pending]
+        num_repl = [where.num_repl for _, where, _, _ in coll._pending]
+        repl = torch.cat([g[:n] for g, n in zip(grads, num_repl, strict=True)])
+        sharded = torch.cat([g[n:] for g, n in zip(grads, num_repl, strict=True)])
+        coll.step(step)
+        seen.append((everything.detach(), (repl, sharded)))
+    return seen
+
+
+def table_state(coll: embedding.EmbeddingCollection, name: str) -> dict[str, torch.Tensor]:
+    for g in coll.groups:
+        for i, t in enumerate(g.tables):
+            if t.name == name:
+                if g.tiered:
+                    return g.read_table(i)
+                piece = g.layout.local_slice(i) if g.is_sharded[i] else g.table_slices(i)
+                tensors = {"weight": g.shard if g.is_sharded[i] else g.weight,
+                           **(g.shard_state if g.is_sharded[i] else g.state)}
+                return {k: v[piece] for k, v in tensors.items()}
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize("optimizer", [pytest.param(o, id=o) for o in OPTIMIZERS])
+def test_tiered_tables_train_as_in_memory_ones(optimizer, tmp_path, monkeypatch):
+    """Lookups, gradients, updates and the final tables equal the in-memory ones, with a cache that holds a
+    tenth of the rows (so rows are evicted, written back and fetched again every few steps)."""
+    steps = 25
+    plain = collection(optimizer, None, tmp_path, monkeypatch)
+    tiered = collection(optimizer, {"cache_rows": 180}, tmp_path, monkeypatch)
+    try:
+        want, got = train(plain, steps, prefetch=False), train(tiered, steps, prefetch=True)
+        for step, ((p_want, g_want), (p_got, g_got)) in enumerate(zip(want, got, strict=True)):
+            torch.testing.assert_close(p_got, p_want, rtol=1e-6, atol=1e-7, msg=f"pooled, step {step}")
+            for a, b in zip(g_want, g_got, strict=True):
+                torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7, msg=f"gradient, step {step}")
+        for name in ("big", "mid", "small"):
+            want_state, got_state = table_state(plain, name), table_state(tiered, name)
+            assert want_state.keys() == got_state.keys()
+            for key in want_state:
+                torch.testing.assert_close(got_state[key], want_state[key], rtol=1e-6, atol=1e-7,
+                                           msg=f"{name}.{key}")
+        stats = tiered.tier_stats()
+        assert stats["written"] > 0 and stats["fetched"] > stats["rows"] * 0.1  # the cache really turned over
+        assert stats["fetched"] < stats["rows"]  # and most rows were cached when looked up
+    finally:
+        tiered.close()
+
+
+def test_tiered_files_leave_nothing_behind(tmp_path, monkeypatch):
+    coll = collection("rowwise_adagrad", {"cache_rows": 200}, tmp_path, monkeypatch)
+    coll(zipf_batch(0))
+    assert list(tmp_path.iterdir()) == []  # the open files are already unlinked: a killed trainer leaves none
+    coll.close()
+
+
+def test_a_cache_too_small_for_two_steps_names_the_fix(tmp_path, monkeypatch):
+    coll = collection("sgd", {"cache_rows": 20}, tmp_path, monkeypatch)
+    try:
+        with pytest.raises(RuntimeError, match="more cache rows"):
+            coll(zipf_batch(0))
+    finally:
+        coll.close()
+
+
+def test_tier_config_takes_one_size_and_is_never_replicated():
+    with pytest.raises(config.ValidationError, match="cache_rows or cache_mb"):
+        config.TierConfig.model_validate({"cache_rows": 10, "cache_mb": 1.0})
+    with pytest.raises(config.ValidationError, match="not replicated"):
+        config.TableConfig.model_validate({"name": "t", "num_embeddings": 10, "features": ["f"],
+                                           "sharding": "replicated", "tier": {"cache_rows": 5}})
+
+
+def test_lfu_keeps_frequent_rows_and_pins_the_steps_in_flight():
+    cache = tier_cache.SlotCache(100, 10)
+    hot, one_off = np.array([1, 2, 3], dtype=np.int64), np.arange(10, 15, dtype=np.int64)
+    for _ in range(5):
+        cache.plan(hot)
+    cache.plan(one_off)  # 8 of 10 slots taken
+    cache.plan(hot)
+    plan = cache.plan(np.arange(20, 25, dtype=np.int64))  # 3 more slots needed: the rows used least go
+    assert plan.num_hits == 0 and plan.fetch_rows.tolist() == [20, 21, 22, 23, 24]
+    cached = set(cache.row_of_slot[cache.row_of_slot >= 0].tolist())
+    assert {1, 2, 3} <= cached and len(cached & set(one_off.tolist())) == 2
+    # The step just planned and the one before it are pinned (one trains while the other is fetched): a step
+    # that needs more room than the other slots hold cannot be planned.
+    with pytest.raises(RuntimeError, match="more cache rows"):
+        cache.plan(np.arange(30, 38, dtype=np.int64))
+
+
+def test_row_file_reads_back_what_it_wrote(tmp_path):
+    f = tier_store.RowFile(tmp_path / "t.rows", 50_000, 5, io_threads=3)
+    rows = np.sort(np.random.default_rng(0).choice(50_000, 9000, replace=False)).astype(np.int64)
+    values = np.random.default_rng(1).random((9000, 5), dtype=np.float32)
+    f.write(rows, values)
+    out = np.empty_like(values)
+    f.read(rows, out)
+    np.testing.assert_array_equal(out, values)
+    with pytest.raises(IndexError):
+        f.read(np.array([50_000], dtype=np.int64), out[:1])
+    f.remove()

@@ -1,0 +1,186 @@
+"""Which rows of a tiered table sit in memory: a fully associative cache of `capacity` slots with an LFU policy.
+
+Policy (chosen by measurement, docs/benchmarks.md "Tiered tables"): every row (cached or not) has a one-byte use
+count, +1 for each step that looks it up (saturating at 255), and every `halve_every` steps all counts halve, so
+a row that was hot an hour ago fades. When a step needs more free slots than there are, the cached rows with the
+lowest counts go, `capacity / 64` at a time at least: one pass over the slots builds a histogram of their counts,
+which gives the count below which enough rows lie, and a second pass (starting where the last one stopped, so
+ties go round-robin as in CLOCK) takes them. No sort, no per-access list to keep: a lookup touches one count and
+one slot number per row. Keeping the counts of rows that are not cached is what makes it beat LRU, CLOCK and
+segmented LRU on Zipf ids: a row evicted and fetched again comes back with its history, so a one-off row from
+the tail never displaces a warm one.
+
+Rows that a step in flight uses are pinned (`pin` holds the generation of the last lookup that used each slot)
+and never evicted: the batch being trained and the next one being fetched. Everything here is index bookkeeping
+on NumPy arrays in compiled loops (GIL released); moving the rows' data is the caller's (`tiered.table`).
+
+The row -> slot map is a dense int64 array over the rank's rows (8 bytes a row: 3 % of a dim-64 row with row-wise
+Adagrad's state). A dynamic table's id -> row index (issue 30, part 2) sits in front of it, not in its place.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+__all__ = ["Plan", "SlotCache", "simulate"]
+
+MAX_COUNT = 255
+EVICT_SHARE = 64  # evict at least capacity / EVICT_SHARE slots at a time: one pass over the slots per chunk
+
+
+class Plan:
+    """What one lookup's rows need: their slots, and the I/O that makes them resident (all sorted by row)."""
+
+    __slots__ = ("slots", "fetch_rows", "fetch_slots", "evict_rows", "evict_slots", "num_hits")
+
+    def __init__(self, slots, fetch_rows, fetch_slots, evict_rows, evict_slots, num_hits) -> None:
+        self.slots = slots  # per looked-up row: its slot
+        self.fetch_rows, self.fetch_slots = fetch_rows, fetch_slots  # rows to read from the store, into slots
+        self.evict_rows, self.evict_slots = evict_rows, evict_slots  # dirty rows to write back, from slots
+        self.num_hits = num_hits
+
+
+class SlotCache:
+    def __init__(self, num_rows: int, capacity: int, *, halve_every: int = 50) -> None:
+        if capacity < 1:
+            raise ValueError("a tiered table's cache needs at least one row")
+        self.num_rows, self.capacity, self.halve_every = num_rows, capacity, halve_every
+        self.slot_of_row = np.full(num_rows, -1, np.int64)
+        self.row_of_slot = np.full(capacity, -1, np.int64)
+        self.count = np.zeros(num_rows, np.uint8)
+        self.pin = np.full(capacity, -1, np.int64)
+        self.dirty = np.zeros(capacity, np.bool_)  # changed since fetched: written back when evicted
+        self.free = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # a stack; top at num_free - 1
+        self.state = np.zeros(3, np.int64)  # num_free, the eviction hand, lookups since the counts halved
+        self.state[0] = capacity
+        self.generation = 0
+
+    @property
+    def num_cached(self) -> int:
+        return self.capacity - int(self.state[0])
+
+    def plan(self, rows: np.ndarray, *, count: bool = True) -> Plan:
+        """Make room for sorted, distinct `rows` (a new generation, pinned with the one before it): their slots,
+        the rows to fetch and the dirty rows evicted. Raises when the rows cannot all be cached at once."""
+        self.generation += 1
+        out = _plan(rows, self.slot_of_row, self.row_of_slot, self.count, self.pin, self.dirty, self.free,
+                    self.state, self.generation, self.generation - 1, count, self.halve_every)
+        if not out[0]:
+            raise RuntimeError(
+                f"a tiered table's cache of {self.capacity} rows cannot hold two steps' rows ({rows.shape[0]} "
+                f"this step): give its tier more cache rows")
+        return Plan(*out[1:])
+
+    def resident(self, rows: np.ndarray) -> np.ndarray:
+        """Slots of `rows` (-1 where not cached)."""
+        return self.slot_of_row[rows]
+
+    def dirty_slots(self) -> np.ndarray:
+        return np.flatnonzero(self.dirty[: self.capacity]).astype(np.int64)
+
+
+@numba.njit(nogil=True)
+def _plan(rows, slot_of_row, row_of_slot, count, pin, dirty, free, state, gen, floor, do_count, halve_every):
+    n = rows.shape[0]
+    capacity = row_of_slot.shape[0]
+    slots = np.empty(n, np.int64)
+    num_miss = 0
+    for i in range(n):
+        r = rows[i]
+        s = slot_of_row[r]
+        slots[i] = s
+        if s >= 0:
+            pin[s] = gen
+        else:
+            num_miss += 1
+        if do_count and count[r] < MAX_COUNT:
+            count[r] += 1
+    evict_rows = np.empty(0, np.int64)
+    evict_slots = np.empty(0, np.int64)
+    num_free = state[0]
+    if num_free < num_miss:
+        need = max(num_miss - num_free, capacity // EVICT_SHARE)
+        # Histogram of the counts of evictable slots (occupied, not pinned by a step in flight).
+        hist = np.zeros(MAX_COUNT + 2, np.int64)
+        evictable = 0
+        for s in range(capacity):
+            if row_of_slot[s] >= 0 and pin[s] < floor:
+                hist[count[row_of_slot[s]]] += 1
+                evictable += 1
+        if evictable < num_miss - num_free:
+            return False, slots, evict_rows, evict_rows, evict_rows, evict_rows, 0
+        need = min(need, evictable)
+        below = 0
+        threshold = 0
+        while below + hist[threshold] < need:
+            below += hist[threshold]
+            threshold += 1
+        take_at_threshold = need - below
+        victims_row = np.empty(need, np.int64)
+        victims_slot = np.empty(need, np.int64)
+        num_dirty = 0
+        taken = 0
+        hand = state[1]
+        for _ in range(capacity):  # one sweep from the hand: rows below the threshold, then enough at it
+            s = hand
+            hand = hand + 1 if hand + 1 < capacity else 0
+            r = row_of_slot[s]
+            if r < 0 or pin[s] >= floor:
+                continue
+            c = count[r]
+            if c < threshold or (c == threshold and take_at_threshold > 0):
+                if c == threshold:
+                    take_at_threshold -= 1
+                slot_of_row[r] = -1
+                row_of_slot[s] = -1
+                free[num_free] = s
+                num_free += 1
+                if dirty[s]:
+                    victims_row[num_dirty] = r
+                    victims_slot[num_dirty] = s
+                    num_dirty += 1
+                    dirty[s] = False
+                taken += 1
+                if taken == need:
+                    break
+        state[1] = hand
+        order = np.argsort(victims_row[:num_dirty])
+        evict_rows = victims_row[:num_dirty][order]
+        evict_slots = victims_slot[:num_dirty][order]
+    fetch_rows = np.empty(num_miss, np.int64)
+    fetch_slots = np.empty(num_miss, np.int64)
+    j = 0
+    for i in range(n):
+        if slots[i] < 0:
+            num_free -= 1
+            s = free[num_free]
+            r = rows[i]
+            slot_of_row[r] = s
+            row_of_slot[s] = r
+            pin[s] = gen
+            slots[i] = s
+            fetch_rows[j] = r
+            fetch_slots[j] = s
+            j += 1
+    state[0] = num_free
+    if do_count:
+        state[2] += 1
+        if state[2] >= halve_every:
+            state[2] = 0
+            for r in range(count.shape[0]):
+                count[r] >>= 1
+    return True, slots, fetch_rows, fetch_slots, evict_rows, evict_slots, n - num_miss
+
+
+def simulate(num_rows: int, capacity: int, offsets: np.ndarray, rows: np.ndarray, *, halve_every: int = 50
+             ) -> np.ndarray:
+    """Hits per step of this cache on a stream of steps (`rows[offsets[s]:offsets[s + 1]]`, sorted and distinct
+    within a step), each step pinned with the one before, as training pins them (benchmarks/tiered_store.py)."""
+    cache = SlotCache(num_rows, capacity, halve_every=halve_every)
+    hits = np.zeros(offsets.shape[0] - 1, np.int64)
+    for s in range(offsets.shape[0] - 1):
+        plan = cache.plan(rows[offsets[s]:offsets[s + 1]])
+        cache.dirty[plan.fetch_slots] = True  # as if every row were updated: write-backs are counted, not done
+        hits[s] = plan.num_hits
+    return hits

@@ -1,0 +1,305 @@
+"""A group of tiered tables: every row and its optimizer state on local disk, the hot rows in memory.
+
+The group looks to `embedding.EmbeddingCollection` like a group of row-wise sharded in-memory tables whose
+`shard` (the rows this rank owns) happens to have only `capacity` rows: the cache. A lookup turns the rows it
+needs into cache slots (`cache.SlotCache`), and from there the vectors, their gradients and the sparse
+optimizer's update run unchanged on the cache's weight and state tensors, the slots standing in for rows. So a
+tiered table trains with the same arithmetic as an in-memory one, whatever the optimizer (the tests hold it to
+that, to float tolerance).
+
+The rows a step needs are made resident before it looks them up: the trainer hands the next batch to `prefetch`
+while the current step runs, and a background thread works out the next batch's rows, evicts what the policy
+says (writing back the rows that changed since they were fetched) and reads the missing rows from the store
+into the freed slots. The step in flight and the next one are pinned, so neither is evicted under the other.
+The lookup then only waits for that job (the `fetch wait` of the metrics); anything the prefetch could not know
+(a batch without a prefetch: the first, an eval) is fetched there and then.
+
+Slot bookkeeping happens only on the prefetch thread or while it is idle; the training thread reads the slots
+of its own step and writes the dirty flags of those slots only, so the two never touch the same entry.
+
+Several ranks: each rank's store holds its rows of the group's tables (as `sharding.RowLayout` cuts them); the
+owner of a row turns the rows other ranks ask for into slots in `gather`. Prefetch across ranks (asking the
+owners a step ahead) is not there yet: at more than one rank the owner fetches its misses when asked.
+
+Registration: once the table kinds' registry lands (`kembed_trainer.tables`), this becomes the `tiered` kind's
+trainer half; until then `embedding.EmbeddingCollection` builds it for tables that have a `tier`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from kembed_contract import runtime
+from kembed_contract import trainer_config as config
+from kembed_trainer import embedding, hugepages, sharding
+from kembed_trainer.tiered import cache as tier_cache
+from kembed_trainer.tiered import store as tier_store
+
+__all__ = ["TierStats", "TieredGroup", "cache_rows_of"]
+
+_INIT_CHUNK = 1 << 16  # rows initialised per write: the in-memory tables' seeding block (`embedding._INIT_BLOCK`)
+
+
+def record_floats(dim: int, state_widths: list[int]) -> int:
+    return dim + sum(state_widths)
+
+
+def cache_rows_of(table: config.TableConfig, optimizer: str) -> int:
+    """The cache rows a table's tier asks for (`cache_rows`, or `cache_mb` over a row's weight and state)."""
+    tier = table.tier
+    assert tier is not None
+    if tier.cache_rows is not None:
+        return min(tier.cache_rows, table.num_embeddings)
+    dim = table.embedding_dim
+    row_bytes = 4 * dim * (1 + runtime.OPTIMIZER_STATE_FLOATS[optimizer](dim))
+    return max(1, min(int(tier.cache_mb * 2**20 / row_bytes), table.num_embeddings))
+
+
+class TierStats:
+    """Counters since the last `take_stats`: lookups, the distinct rows they needed, rows fetched from the store
+    (a prefetch that guessed wrong included) and written back, their bytes, the seconds lookups waited for rows
+    (`wait_seconds`, on the training thread) and the seconds spent moving rows (`io_seconds`, mostly on the
+    prefetch thread, overlapping the steps)."""
+
+    def __init__(self) -> None:
+        self.lookups = self.rows = self.fetched = self.written = 0
+        self.fetched_bytes = self.written_bytes = 0
+        self.wait_seconds = self.io_seconds = 0.0
+
+    def add(self, other: TierStats) -> None:
+        for name, value in vars(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+
+class TieredGroup(embedding._Group):
+    tiered = True
+
+    def __init__(
+        self,
+        tables: list[config.TableConfig],
+        *,
+        optimizer: str,
+        device: torch.device,
+        seed: int,
+        table_ids: list[int],
+        rank: int,
+        world_size: int,
+    ) -> None:
+        if device.type != "cpu":
+            raise ValueError("tiered tables train on CPU for now (the GPU's level, device over host, comes next)")
+        super().__init__(tables, [True] * len(tables), device=device, gen=None, seed=seed, first_table=0,
+                         table_ids=table_ids, rank=rank, world_size=world_size, hold_shard=False)
+        self.optimizer_name = optimizer
+        self.seed, self.table_ids, self.rank = seed, table_ids, rank
+        local_rows = self.layout.num_local_rows
+        self.capacity = min(local_rows, sum(cache_rows_of(t, optimizer) for t in tables))
+        self.cache = tier_cache.SlotCache(local_rows, max(1, self.capacity))
+        self.shard = hugepages.empty(self.cache.capacity, self.dim, device=device)
+        self.shard.zero_()
+        self.shard_changed = torch.from_numpy(self.cache.dirty)  # the optimizer marks the slots it updates
+        self.io_threads = max(t.tier.io_threads for t in tables)
+        self.files: list[tier_store.RowFile] = []
+        self._fields: list[tuple[torch.Tensor, int, int]] = []  # (tensor, first float, floats) of a record
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="tier-prefetch")
+        self._io = ThreadPoolExecutor(self.io_threads, thread_name_prefix="tier-io")
+        self._job: Future | None = None
+        self._prefetched: tuple[np.ndarray, np.ndarray] | None = None  # (rows, slots) the last prefetch made ready
+        self.stats = TierStats()
+        bounds = [int(x) for x in self.layout.starts_on[rank]] + [local_rows]
+        self._file_starts = np.array(bounds, dtype=np.int64)
+
+    # ------------------------------------------------------------------------------------------- set-up
+    def open(self, folder: str | None = None) -> None:
+        """Create this rank's row files (initialised as the in-memory tables would be) once `shard_state` is set."""
+        widths = []
+        first = self.dim
+        self._fields = [(self.shard, 0, self.dim)]
+        for tensor in self.shard_state.values():
+            width = tensor[0].numel() if tensor.dim() > 1 else 1
+            self._fields.append((tensor, first, width))
+            first += width
+            widths.append(width)
+        self.record_floats = record_floats(self.dim, widths)
+        base = folder or os.environ.get(runtime.ENV_LOCAL_DIR) or tempfile.gettempdir()
+        for i, t in enumerate(self.tables):
+            path = os.path.join(base, f"kembed-tier-{os.getpid()}-{t.name}.rank{self.rank}.rows")
+            rows = int(self.layout.rows_on[self.rank, i])
+            f = tier_store.RowFile(path, rows, self.record_floats, io_threads=self.io_threads, executor=self._io)
+            os.unlink(path)  # the open file keeps it: nothing is left behind, however the process ends
+            self.files.append(f)
+            self._initialise(i, f)
+
+    def _initialise(self, i: int, f: tier_store.RowFile) -> None:
+        lo = self.layout.table_lo(i)
+        bound = embedding._bound(self.tables[i])
+        buf = torch.zeros(_INIT_CHUNK, self.record_floats)
+        row = 0
+        while row < f.num_rows:
+            # Cut at the seeding blocks, so each block of initial values is drawn once.
+            n = min(f.num_rows - row, _INIT_CHUNK - (lo + row) % _INIT_CHUNK)
+            chunk = buf[:n]
+            chunk.zero_()
+            weight = torch.empty(n, self.dim)
+            embedding._seeded_uniform(weight, lo + row, bound, seed=self.seed, table=self.table_ids[i])
+            chunk[:, : self.dim] = weight
+            f.write_range(row, chunk.numpy())
+            row += n
+
+    # ------------------------------------------------------------------------------------------- lookups
+    def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, embedding._Touched]:
+        """The vectors of sorted unique storage `rows`, as the in-memory group gives them, read from the cache.
+        The owner's rows (its `requested`) become cache slots, so gradients and updates land in the cache."""
+        local, counts = self.layout.split_by_owner(rows)
+        exchange = sharding.Exchange.plan(local, counts)
+        exchange.requested = self._slots_of(exchange.requested, alone=exchange.alone)
+        vectors = torch.empty(rows.numel(), self.dim, device=rows.device)
+        exchange.fetch(self.shard, out=vectors)
+        return vectors, embedding._Touched(rows[:0], 0, exchange)
+
+    def shard_table(self, slots: torch.Tensor) -> torch.Tensor:
+        rows = torch.from_numpy(self.cache.row_of_slot).index_select(0, slots)
+        return self.layout.local_table_of(rows)
+
+    def _slots_of(self, requested: torch.Tensor, *, alone: bool) -> torch.Tensor:
+        """Cache slots of this rank's local rows `requested`, fetching what is not resident."""
+        waited = time.perf_counter()
+        self._wait()
+        req = requested.numpy()
+        rows = req if alone else np.unique(req)
+        self.stats.lookups += 1
+        self.stats.rows += rows.shape[0]
+        ready = self._prefetched
+        self._prefetched = None
+        if ready is not None and np.array_equal(ready[0], rows):
+            slots = ready[1]
+        else:
+            plan = self.cache.plan(rows, count=ready is None)  # a wrong guess already counted its rows
+            self._move(plan, self.stats)
+            slots = plan.slots
+        self.stats.wait_seconds += time.perf_counter() - waited
+        if not alone:
+            slots = self.cache.slot_of_row[req]
+        return torch.from_numpy(np.ascontiguousarray(slots))
+
+    def prefetch(self, rows: Callable[[], torch.Tensor] | torch.Tensor) -> None:
+        """Make the local rows `rows` (sorted, unique; or a function that works them out) resident on the
+        background thread, while the step in flight trains."""
+        self._wait()
+        self._job = self._executor.submit(self._prefetch, rows)
+
+    def _prefetch(self, rows) -> TierStats:
+        stats = TierStats()
+        if callable(rows):
+            rows = rows()
+        rows = rows.numpy() if isinstance(rows, torch.Tensor) else rows
+        plan = self.cache.plan(rows, count=True)
+        self._move(plan, stats)
+        self._prefetched = (rows, plan.slots)
+        return stats
+
+    def _wait(self) -> None:
+        if self._job is not None:
+            job, self._job = self._job, None
+            self.stats.add(job.result())  # an error on the prefetch thread surfaces here, in the training thread
+
+    # ------------------------------------------------------------------------------------------- moving rows
+    def _move(self, plan: tier_cache.Plan, stats: TierStats) -> None:
+        """Write back the plan's dirty victims, then read its missing rows into their slots."""
+        started = time.perf_counter()
+        if plan.evict_rows.shape[0]:
+            self._write(plan.evict_rows, self._records_of(plan.evict_slots), stats)
+        if plan.fetch_rows.shape[0]:
+            buf = np.empty((plan.fetch_rows.shape[0], self.record_floats), np.float32)
+            self._read(plan.fetch_rows, buf, stats)
+            self._into_slots(plan.fetch_slots, buf)
+        stats.io_seconds += time.perf_counter() - started
+
+    def _records_of(self, slots: np.ndarray) -> np.ndarray:
+        index = torch.from_numpy(slots)
+        out = torch.empty(slots.shape[0], self.record_floats)
+        for tensor, first, width in self._fields:
+            out[:, first:first + width] = tensor.index_select(0, index).view(-1, width)
+        return out.numpy()
+
+    def _into_slots(self, slots: np.ndarray, records: np.ndarray) -> None:
+        index = torch.from_numpy(slots)
+        source = torch.from_numpy(records)
+        for tensor, first, width in self._fields:
+            part = source[:, first:first + width]
+            tensor.index_copy_(0, index, part if tensor.dim() > 1 else part[:, 0])
+
+    def _by_file(self, rows: np.ndarray):
+        """(file, its rows, the slice of `rows`) for each table file `rows` (sorted local rows) fall in."""
+        cuts = np.searchsorted(rows, self._file_starts)
+        for i, f in enumerate(self.files):
+            lo, hi = int(cuts[i]), int(cuts[i + 1])
+            if hi > lo:
+                yield f, rows[lo:hi] - self._file_starts[i], slice(lo, hi)
+
+    def _read(self, rows: np.ndarray, out: np.ndarray, stats: TierStats) -> None:
+        for f, file_rows, part in self._by_file(rows):
+            f.read(file_rows, out[part])
+        stats.fetched += rows.shape[0]
+        stats.fetched_bytes += out.nbytes
+
+    def _write(self, rows: np.ndarray, values: np.ndarray, stats: TierStats) -> None:
+        for f, file_rows, part in self._by_file(rows):
+            f.write(file_rows, np.ascontiguousarray(values[part]))
+        stats.written += rows.shape[0]
+        stats.written_bytes += values.nbytes
+
+    def flush(self) -> None:
+        """Write every changed cached row back to the store (they stay cached, now clean)."""
+        self._wait()
+        slots = self.cache.dirty_slots()
+        if slots.shape[0]:
+            rows = self.cache.row_of_slot[slots]
+            order = np.argsort(rows)
+            self._write(rows[order], self._records_of(slots[order]), self.stats)
+            self.cache.dirty[slots] = False
+
+    def read_rows(self, i: int, first: int, num_rows: int) -> dict[str, torch.Tensor]:
+        """Rows `first`.. of this rank's rows of table `i`, as `weight` and the optimizer's state (`flush`
+        first: the store alone is read)."""
+        buf = np.empty((num_rows, self.record_floats), np.float32)
+        self.files[i].read_range(first, buf)
+        records = torch.from_numpy(buf)
+        names = ["weight", *self.shard_state]
+        out = {}
+        for name, (tensor, lo, width) in zip(names, self._fields, strict=True):
+            part = records[:, lo:lo + width]
+            out[name] = part if tensor.dim() > 1 else part[:, 0]
+        return out
+
+    def read_table(self, i: int) -> dict[str, torch.Tensor]:
+        """Every row this rank holds of table `i` (tests; whole tables do not fit in memory by design)."""
+        self.flush()
+        return self.read_rows(i, 0, self.files[i].num_rows)
+
+    def take_stats(self) -> TierStats:
+        stats, self.stats = self.stats, TierStats()
+        return stats
+
+    @property
+    def memory_bytes(self) -> int:
+        """Memory this group holds: the cache's rows and state, and its per-row bookkeeping."""
+        tensors = [self.shard, *self.shard_state.values()]
+        c = self.cache
+        maps = (c.slot_of_row, c.row_of_slot, c.count, c.pin, c.dirty, c.free)
+        return sum(t.numel() * t.element_size() for t in tensors) + sum(a.nbytes for a in maps)
+
+    def close(self) -> None:
+        try:
+            self._wait()
+        finally:
+            self._executor.shutdown()
+            for f in self.files:
+                f.close()
+            self._io.shutdown()
