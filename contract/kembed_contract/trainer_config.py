@@ -230,9 +230,8 @@ class EmbeddingsConfig(_Strict):
 
     @property
     def ordered_tables(self) -> list[TableConfig]:
-        """Tables grouped by width (stable), so the tables of one width are looked up in one call; within a width,
-        tiered tables first (they are looked up in a group of their own)."""
-        return sorted(self.tables, key=lambda t: (t.embedding_dim, t.tier is None))
+        """Tables grouped by width (stable), so the tables of one width are looked up in one call."""
+        return sorted(self.tables, key=lambda t: t.embedding_dim)
 
     @property
     def features(self) -> list[str]:

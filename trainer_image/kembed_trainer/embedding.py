@@ -224,8 +224,7 @@ class EmbeddingCollection:
         by_dim: dict[tuple[int, bool], list[config.TableConfig]] = {}
         for t in emb_cfg.ordered_tables:
             by_dim.setdefault((t.embedding_dim, t.tier is not None), []).append(t)
-        # Each table's seed: its place by width alone, so a table starts the same tiered or not.
-        table_id = {t.name: i for i, t in enumerate(sorted(emb_cfg.tables, key=lambda t: t.embedding_dim))}
+        table_id = {t.name: i for i, t in enumerate(emb_cfg.ordered_tables)}  # seeds a table the same in any group
         self.groups = []
         for (_, tiered_group), tables in by_dim.items():
             ids = [table_id[t.name] for t in tables]
@@ -253,6 +252,11 @@ class EmbeddingCollection:
         for g in self.groups:
             g.state = self.optimizer.init_state(g.weight.shape[0], g.dim, device)
             g.shard_state = self.optimizer.init_state(g.shard.shape[0], g.dim, device)
+        # Where each group's features are in a batch (by width, in table order): a width's tiered tables are
+        # a group apart from its in-memory ones, so a group's features need not be one run of the batch's.
+        position = {f: i for i, f in enumerate(emb_cfg.features)}
+        self._positions = [[position[f] for f in g.features] for g in self.groups]
+        self._in_order = [p for ps in self._positions for p in ps] == list(range(len(position)))
         self.tiered = [g for g in self.groups if g.tiered]
         for g in self.tiered:
             g.open()
@@ -270,27 +274,24 @@ class EmbeddingCollection:
 
     @property
     def num_bytes(self) -> int:
-        """This rank's table weights and sparse-optimizer state."""
+        """This rank's table weights and sparse-optimizer state in memory (of tiered tables: their caches)."""
         tensors = [
-            t for g in self.groups for t in (g.weight, g.shard, *g.state.values(), *g.shard_state.values())
+            t for g in self.groups if not g.tiered
+            for t in (g.weight, g.shard, *g.state.values(), *g.shard_state.values())
         ]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in tensors) + sum(g.memory_bytes for g in self.tiered)
 
     def __call__(self, batch: Batch) -> list[torch.Tensor]:
-        """Pooled (summed) embeddings, one [B, num_features_of_group, dim] tensor per width group."""
+        """Pooled (summed) embeddings, one [B, num_features_of_width, dim] tensor per width (in feature order)."""
         b = batch.batch_size
-        lengths = batch.lengths.view(self.num_features, b)
-        per_feature = lengths.sum(1)
-        per_feature_counts = per_feature.tolist()
-        values = torch.split(batch.values, per_feature_counts)
-        out, first = [], 0
+        out = []
         self._pending = []
         self.last_unique_rows = 0
-        for g in self.groups:
+        for g, (values, counts, lengths) in zip(self.groups, self._inputs(batch), strict=True):
             nf = len(g.features)
-            raw_rows = g.rows_of(values[first : first + nf])
-            rows = g.storage_rows(g.admit(raw_rows), per_feature_counts[first : first + nf])
-            bags = pooling.plan_bags(rows, lengths[first : first + nf].reshape(-1), g.num_rows)
+            raw_rows = g.rows_of(values)
+            rows = g.storage_rows(g.admit(raw_rows), counts)
+            bags = pooling.plan_bags(rows, lengths.reshape(-1), g.num_rows)
             vectors, where = g.gather(bags.unique_rows)
             # A leaf holding only the touched rows: its .grad is the row-sparse gradient.
             touched = vectors.requires_grad_(True)
@@ -298,6 +299,28 @@ class EmbeddingCollection:
             out.append(pooled.view(nf, b, g.dim).transpose(0, 1))
             self._pending.append((g, where, touched, raw_rows if g.seen is not None else None))
             self.last_unique_rows += bags.unique_rows.numel()
+        if self._in_order:
+            return out
+        # A width's tiered and in-memory groups: one tensor, its features in the batch's order.
+        merged = []
+        for run in _runs_of_width(list(range(len(out))), [g.dim for g in self.groups]):
+            order = torch.tensor([p for i in run for p in self._positions[i]]).argsort()
+            merged.append(torch.cat([out[i] for i in run], 1).index_select(1, order))
+        return merged
+
+    def _inputs(self, batch: Batch) -> list[tuple[list[torch.Tensor], list[int], torch.Tensor]]:
+        """Per group: its features' ids, how many each, and their bags' lengths ([features, batch])."""
+        lengths = batch.lengths.view(self.num_features, batch.batch_size)
+        counts = lengths.sum(1).tolist()
+        values = torch.split(batch.values, counts)
+        out, first = [], 0
+        for g, positions in zip(self.groups, self._positions, strict=True):
+            nf = len(positions)
+            if self._in_order:
+                out.append((list(values[first:first + nf]), counts[first:first + nf], lengths[first:first + nf]))
+            else:
+                out.append(([values[p] for p in positions], [counts[p] for p in positions],
+                            lengths[torch.tensor(positions)]))
             first += nf
         return out
 
@@ -311,16 +334,9 @@ class EmbeddingCollection:
         trainer hands over the next step's batch while this step trains."""
         if not self.prefetches:
             return
-        lengths = batch.lengths.view(self.num_features, batch.batch_size)
-        counts = lengths.sum(1).tolist()
-        values = torch.split(batch.values, counts)
-        first = 0
-        for g in self.groups:
-            nf = len(g.features)
+        for g, (values, counts, _) in zip(self.groups, self._inputs(batch), strict=True):
             if g.tiered:
-                g.prefetch(functools.partial(_unique_storage_rows, g, values[first: first + nf],
-                                             counts[first: first + nf]))
-            first += nf
+                g.prefetch(functools.partial(_unique_storage_rows, g, values, counts))
 
     def tier_stats(self) -> dict[str, float]:
         """The tiered tables' counters since the last call, summed over their groups (see docs/trainer.md)."""
@@ -454,6 +470,17 @@ class EmbeddingCollection:
         return DTensor.from_local(local, self._mesh, [Shard(0)], run_check=False, shape=shape, stride=stride)
 
     _mesh = None
+
+
+def _runs_of_width(items: list, dims: list[int]) -> list[list]:
+    """`items` (one per group) cut into runs of consecutive groups of one width (a width's groups are)."""
+    runs: list[list] = []
+    for i, t in enumerate(items):
+        if i and dims[i] == dims[i - 1]:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    return runs
 
 
 def _unique_storage_rows(g: _Group, values: list[torch.Tensor], counts: list[int]) -> torch.Tensor:

@@ -55,6 +55,7 @@ class Trainer:
         self.task = models.build_task(cfg)
         self.data = data.build_data(cfg, rank=env.rank, world_size=env.world_size, guard=guard,
                                     ratings=self.task.ratings)
+        self._ahead = _BatchAhead(self.data)  # the next batch, for tiered tables to fetch its rows meanwhile
         self.total_steps, self.dataset = self._size_up_data()
         dense = models.build_dense_model(cfg).to(env.device)
         self.dense = dense  # unwrapped: two-tower's encode() for recall@k
@@ -177,6 +178,7 @@ class Trainer:
             self.skipgram.close()
         if hasattr(self.data, "close"):
             self.data.close()  # the reader's thread
+        self.embeddings.close()  # tiered tables' threads and files
 
     # ------------------------------------------------------------------------------------------- steps
     def _compiled_skipgram(self):
@@ -201,9 +203,14 @@ class Trainer:
             self.cfg.optimizer.sparse, self.step, self.total_steps
         )
         fetching = time.perf_counter()
-        batch = self.data.train_batch(self.step).to(self.env.device)
+        batch = self._ahead.take(self.step).to(self.env.device)
         data_seconds = time.perf_counter() - fetching
         pooled = self.embeddings(batch)  # tables stay float32, whatever the dense precision
+        if self.embeddings.prefetches and self.step + 1 < self.total_steps:
+            # Tiered tables fetch the next batch's rows from disk while this step trains.
+            fetching = time.perf_counter()
+            self.embeddings.prefetch(self._ahead.peek(self.step + 1).to(self.env.device))
+            data_seconds += time.perf_counter() - fetching
         with self._autocast():
             loss = self.task.loss(self.model(batch.dense, pooled), batch.labels)
         del pooled  # the model has its own copy (DLRM's concatenation): free these before the backward
@@ -237,6 +244,7 @@ class Trainer:
                     encoded.append(tuple(t.float() for t in self.dense.encode(pooled)[:3]))
             labels.append(batch.labels)
         self.embeddings.discard_lookup()
+        self.embeddings.tier_stats()  # eval's lookups are not training's: the next progress record leaves them out
         self.model.train()
         empty = torch.empty(0, device=self.env.device)
         scores_t, labels_t = (torch.cat(x) if x else empty for x in (scores, labels))
@@ -265,7 +273,7 @@ class Trainer:
         if masks := self.masks.state_dict():
             state["sparsity"] = masks
         if hasattr(self.data, "state_dict"):
-            state["data"] = self.data.state_dict()  # the reader's position: a resume continues the epoch
+            state["data"] = self._ahead.state_dict()  # the reader's position: a resume continues the epoch
         if self.optimizer is not None:
             state["model"], state["optimizer"] = get_state_dict(self.model, self.optimizer)
         return state
@@ -280,6 +288,7 @@ class Trainer:
         if step is None:
             return None
         if "data" in state:
+            self._ahead.forget()
             self.data.load_state_dict(state["data"])
         if hasattr(self.data, "add_raw_ids"):  # the id index so far: in the chain's full checkpoint
             full = runtime.chain_of(step, self.checkpointer.markers())[0]
@@ -376,6 +385,34 @@ class Trainer:
         return bool(flags[1].item() > 0)
 
 
+class _BatchAhead:
+    """The training data, read one batch ahead when asked (`peek`): tiered tables fetch the next batch's rows
+    while a step trains. The position a checkpoint saves is the data's before the batch read ahead, so a resume
+    reads that batch again."""
+
+    def __init__(self, data) -> None:
+        self.data = data
+        self._held: tuple[int, object, object] | None = None  # (step, its batch, the position before it)
+
+    def take(self, step: int):
+        held, self._held = self._held, None
+        if held is not None and held[0] == step:
+            return held[1]
+        return self.data.train_batch(step)
+
+    def peek(self, step: int):
+        position = self.data.state_dict() if hasattr(self.data, "state_dict") else None
+        batch = self.data.train_batch(step)
+        self._held = (step, batch, position)
+        return batch
+
+    def state_dict(self):
+        return self._held[2] if self._held is not None else self.data.state_dict()
+
+    def forget(self) -> None:
+        self._held = None
+
+
 def _weakly(method: Callable[[int, FrameType | None], None]) -> Callable[[int, FrameType | None], None]:
     """A signal handler that calls `method` while its object lives, and does nothing after."""
     bound = weakref.WeakMethod(method)
@@ -413,8 +450,28 @@ class _Window:
             "memory_mb": round(metrics.peak_memory_mb(trainer.env.device), 1),
             "data_share": round(self.data_seconds / elapsed, 4),
         }
+        if tier := trainer.embeddings.tier_stats():
+            out.update(_tier_metrics(tier, self.steps, elapsed, out["data_share"]))
         self._reset()
         return out
+
+
+def _tier_metrics(tier: dict[str, float], steps: int, elapsed: float, data_share: float) -> dict[str, float]:
+    """Tiered tables' share of a `progress` record: the cache's hit rate (looked-up rows that needed no read from
+    disk), rows and MB fetched and written back per step, and the step time split into getting the batch
+    (`data_share`), waiting for rows (`tier_wait_share`) and the rest (`compute_share`)."""
+    steps = max(steps, 1)
+    wait_share = tier["wait_seconds"] / elapsed
+    return {
+        "tier_hit_rate": round(max(0.0, 1 - tier["fetched"] / max(tier["rows"], 1)), 4),
+        "tier_fetched_rows_per_step": round(tier["fetched"] / steps, 1),
+        "tier_written_rows_per_step": round(tier["written"] / steps, 1),
+        "tier_fetched_mb_per_step": round(tier["fetched_bytes"] / steps / 2**20, 3),
+        "tier_written_mb_per_step": round(tier["written_bytes"] / steps / 2**20, 3),
+        "tier_wait_share": round(wait_share, 4),
+        "tier_io_share": round(tier["io_seconds"] / elapsed, 4),  # disk time, mostly overlapping the steps
+        "compute_share": round(max(0.0, 1 - data_share - wait_share), 4),
+    }
 
 
 def _until_all_ranks_done(batches, in_lockstep: bool, device: torch.device):

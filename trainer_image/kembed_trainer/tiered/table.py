@@ -135,6 +135,10 @@ class TieredGroup(embedding._Group):
             os.unlink(path)  # the open file keeps it: nothing is left behind, however the process ends
             self.files.append(f)
             self._initialise(i, f)
+        # Compile the cache's and the reads' loops now, not in the first step.
+        self.cache.plan(np.empty(0, np.int64), count=False)
+        if self.files and self.files[0].num_rows:
+            self.files[0].read_range(0, np.empty((1, self.record_floats), np.float32))
 
     def _initialise(self, i: int, f: tier_store.RowFile) -> None:
         lo = self.layout.table_lo(i)
