@@ -314,7 +314,7 @@ class EmbeddingCollection:
         counts = lengths.sum(1).tolist()
         values = torch.split(batch.values, counts)
         out, first = [], 0
-        for g, positions in zip(self.groups, self._positions, strict=True):
+        for positions in self._positions:
             nf = len(positions)
             if self._in_order:
                 out.append((list(values[first:first + nf]), counts[first:first + nf], lengths[first:first + nf]))
