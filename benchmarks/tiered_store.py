@@ -54,9 +54,10 @@ def rss_file_mb() -> float:
 
 # ------------------------------------------------------------------------------------------------ stores
 class FlatFile:
-    def __init__(self, folder: pathlib.Path, rows: int, floats: int, threads: int) -> None:
-        self.name = f"flat file, pread/pwrite, {threads} thread{'s' if threads > 1 else ''}"
-        self.file = store.RowFile(folder / "flat.bin", rows, floats, io_threads=threads)
+    def __init__(self, folder: pathlib.Path, rows: int, floats: int, threads: int, ahead: bool = False) -> None:
+        self.name = (f"flat file, pread/pwrite, {threads} thread{'s' if threads > 1 else ''}"
+                     + (", WILLNEED first" if ahead else ""))
+        self.file = store.RowFile(folder / "flat.bin", rows, floats, io_threads=threads, ask_ahead=ahead)
         fill(self.file.fd, rows * floats * 4)
 
     def read(self, rows):
@@ -263,7 +264,10 @@ def bench_store(args) -> None:
         if args.records and record not in args.records:
             continue
         rows = int(args.gb * 2**30) // (floats * 4)
-        makers = [(FlatFile, 1), (FlatFile, 4), (MemMap,), (MemMapUnmapped,)]
+        makers = [(FlatFile, 1), (FlatFile, 4), (FlatFile, 1, True), (FlatFile, 4, True), (MemMap,),
+                  (MemMapUnmapped,)]
+        if args.flat_only:
+            makers = makers[:4]
         if args.kv:
             sys.path.insert(0, args.kv)
             makers += [(Lmdb,), (RocksDb,)]
@@ -574,6 +578,7 @@ def main() -> None:
     s.add_argument("--records", nargs="*", default=None, help=f"some of {list(RECORDS)}")
     s.add_argument("--kv", default=None, help="a folder with lmdb and rocksdict installed (pip --target)")
     s.add_argument("--dir", default=None, help="where the files go (default: the system's temp folder)")
+    s.add_argument("--flat-only", action="store_true", help="only the flat file's variants")
     p = sub.add_parser("policy")
     p.add_argument("--rows", type=int, default=2_000_000)
     p.add_argument("--alpha", type=float, default=1.1)

@@ -299,13 +299,15 @@ class EmbeddingCollection:
             out.append(pooled.view(nf, b, g.dim).transpose(0, 1))
             self._pending.append((g, where, touched, raw_rows if g.seen is not None else None))
             self.last_unique_rows += bags.unique_rows.numel()
-        if self._in_order:
+        if len(out) == len({g.dim for g in self.groups}):
             return out
         # A width's tiered and in-memory groups: one tensor, its features in the batch's order.
         merged = []
         for run in _runs_of_width(list(range(len(out))), [g.dim for g in self.groups]):
-            order = torch.tensor([p for i in run for p in self._positions[i]]).argsort()
-            merged.append(torch.cat([out[i] for i in run], 1).index_select(1, order))
+            whole = torch.cat([out[i] for i in run], 1) if len(run) > 1 else out[run[0]]
+            if not self._in_order:
+                whole = whole.index_select(1, torch.tensor([p for i in run for p in self._positions[i]]).argsort())
+            merged.append(whole)
         return merged
 
     def _inputs(self, batch: Batch) -> list[tuple[list[torch.Tensor], list[int], torch.Tensor]]:

@@ -1,21 +1,21 @@
 """Which rows of a tiered table sit in memory: a fully associative cache of `capacity` slots with an LFU policy.
 
-Policy (chosen by measurement, docs/benchmarks.md "Tiered tables"): every row (cached or not) has a one-byte use
-count, +1 for each step that looks it up (saturating at 255), and every `halve_every` steps all counts halve, so
-a row that was hot an hour ago fades. When a step needs more free slots than there are, the cached rows with the
-lowest counts go, `capacity / 64` at a time at least: one pass over the slots builds a histogram of their counts,
-which gives the count below which enough rows lie, and a second pass (starting where the last one stopped, so
-ties go round-robin as in CLOCK) takes them. No sort, no per-access list to keep: a lookup touches one count and
-one slot number per row. Keeping the counts of rows that are not cached is what makes it beat LRU, CLOCK and
-segmented LRU on Zipf ids: a row evicted and fetched again comes back with its history, so a one-off row from
-the tail never displaces a warm one.
+Policy (chosen by measurement, docs/benchmarks.md "Tiered tables"): every row (cached or not) has a two-byte use
+count, +16 for each step that looks it up (saturating), and every `halve_every` steps all counts halve, so a row
+that was hot an hour ago fades while the 4 low bits keep the order among rarely used rows. When a step needs more
+free slots than there are, the cached rows with the lowest counts go, `capacity / 64` at a time at least: one
+pass over the slots builds a histogram of their counts, which gives the count below which enough rows lie, and a
+second pass (starting where the last one stopped, so ties go round-robin as in CLOCK) takes them. No sort, no
+per-access list to keep: a lookup touches one count and one slot number per row. Keeping the counts of rows that
+are not cached is what makes it beat LRU and CLOCK on Zipf ids: a row evicted and fetched again comes back with
+its history, so a one-off row from the tail never displaces a warm one.
 
 Rows that a step in flight uses are pinned (`pin` holds the generation of the last lookup that used each slot)
 and never evicted: the batch being trained and the next one being fetched. Everything here is index bookkeeping
 on NumPy arrays in compiled loops (GIL released); moving the rows' data is the caller's (`tiered.table`).
 
-The row -> slot map is a dense int64 array over the rank's rows (8 bytes a row: 3 % of a dim-64 row with row-wise
-Adagrad's state). A dynamic table's id -> row index (issue 30, part 2) sits in front of it, not in its place.
+The row -> slot map is a dense int32 array over the rank's rows, beside the counts: 6 bytes a row, 2 % of a dim-64
+row with row-wise Adagrad's state. A dynamic table's id -> row index (issue 30, part 2) sits in front of it, not in its place.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import numpy as np
 
 __all__ = ["Plan", "SlotCache", "simulate"]
 
-MAX_COUNT = 255
+MAX_COUNT = 65535
+USE = 16  # a use adds this: halving keeps 4 bits of the order among rarely used rows
 EVICT_SHARE = 64  # evict at least capacity / EVICT_SHARE slots at a time: one pass over the slots per chunk
 
 
@@ -46,9 +47,11 @@ class SlotCache:
         if capacity < 1:
             raise ValueError("a tiered table's cache needs at least one row")
         self.num_rows, self.capacity, self.halve_every = num_rows, capacity, halve_every
-        self.slot_of_row = np.full(num_rows, -1, np.int64)
+        if capacity >= 2**31:
+            raise ValueError("a tiered table's cache holds fewer than 2**31 rows")
+        self.slot_of_row = np.full(num_rows, -1, np.int32)  # 4 bytes a row: slots fit
         self.row_of_slot = np.full(capacity, -1, np.int64)
-        self.count = np.zeros(num_rows, np.uint8)
+        self.count = np.zeros(num_rows, np.uint16)
         self.pin = np.full(capacity, -1, np.int64)
         self.dirty = np.zeros(capacity, np.bool_)  # changed since fetched: written back when evicted
         self.free = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # a stack; top at num_free - 1
@@ -74,7 +77,7 @@ class SlotCache:
 
     def resident(self, rows: np.ndarray) -> np.ndarray:
         """Slots of `rows` (-1 where not cached)."""
-        return self.slot_of_row[rows]
+        return self.slot_of_row[rows].astype(np.int64)
 
     def dirty_slots(self) -> np.ndarray:
         return np.flatnonzero(self.dirty[: self.capacity]).astype(np.int64)
@@ -94,8 +97,8 @@ def _plan(rows, slot_of_row, row_of_slot, count, pin, dirty, free, state, gen, f
             pin[s] = gen
         else:
             num_miss += 1
-        if do_count and count[r] < MAX_COUNT:
-            count[r] += 1
+        if do_count:
+            count[r] = min(count[r] + USE, MAX_COUNT)
     evict_rows = np.empty(0, np.int64)
     evict_slots = np.empty(0, np.int64)
     num_free = state[0]

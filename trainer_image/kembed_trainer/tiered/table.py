@@ -189,7 +189,7 @@ class TieredGroup(embedding._Group):
             slots = plan.slots
         self.stats.wait_seconds += time.perf_counter() - waited
         if not alone:
-            slots = self.cache.slot_of_row[req]
+            slots = self.cache.resident(req)
         return torch.from_numpy(np.ascontiguousarray(slots))
 
     def prefetch(self, rows: Callable[[], torch.Tensor] | torch.Tensor) -> None:
