@@ -49,7 +49,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # a BaseExcept
 
 from kembed_contract import runtime
 from kembed_trainer import dcp_read, delta
-from kembed_trainer.step_writer import RowRangePlanner, StepWriter
+from kembed_trainer.step_writer import RowRangePlanner, StepWriter, is_placeholder
 from kembed_trainer.storage import Guard
 
 __all__ = ["Checkpointer", "SavedCheckpoint", "StepWriter", "StorageQuotaExceeded"]
@@ -148,13 +148,17 @@ class Checkpointer:
         return kind
 
     def save(self, step: int, state: dict[str, Any], files: dict[str, bytes] | None = None, *,
-             kind: str = runtime.CHECKPOINT_FULL, started: float | None = None) -> None:
+             kind: str = runtime.CHECKPOINT_FULL, started: float | None = None,
+             sources: dict[str, Any] | None = None) -> None:
         """Start saving `state` as step `step`; `poll` or `wait` tell when it landed. Collective.
 
         `files` (name in the step folder -> bytes) are this rank's small side files, such as what each table
         row stands for (`row_index`); they land before the COMPLETE marker, so a complete checkpoint has them.
         `kind`: as `next_kind` said (a delta's `state` holds delta.DELTA_KEY instead of the tables). `started`:
         when training stopped for this save (before it built `state`), so the stall reported counts that too.
+        `sources`: placeholders of `state` (`step_writer.placeholder`) whose rows are read from elsewhere as they are written,
+        by flattened key (step_writer.RowRangePlanner): the caller keeps what they read unchanged until the save
+        landed (`wait`).
         """
         start = time.perf_counter() if started is None else started
         waiting = time.perf_counter()
@@ -168,7 +172,7 @@ class Checkpointer:
         staged = _copy(state)
         blocked = time.perf_counter() - start
         self._inflight = self._executor.submit(
-            self._write, step, staged, dict(files or {}), start, (blocked, waited), kind, parent
+            self._write, step, staged, dict(files or {}), start, (blocked, waited), kind, parent, dict(sources or {})
         )
 
     def poll(self) -> list[SavedCheckpoint]:
@@ -195,7 +199,7 @@ class Checkpointer:
 
     def _write(
         self, step: int, staged: dict[str, Any], files: dict[str, bytes], start: float,
-        stalled: tuple[float, float], kind: str, parent: int | None,
+        stalled: tuple[float, float], kind: str, parent: int | None, sources: dict[str, Any],
     ) -> SavedCheckpoint:
         path = self._checked_step(step, write=True)
         # A partial save of this step from an earlier attempt goes first; here, not in save(), so training does
@@ -217,7 +221,8 @@ class Checkpointer:
         writer = StepWriter(self.step_uri(step), sync_files=False)
         with warnings.catch_warnings():  # a single process without a process group is intended
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.save(staged, storage_writer=writer, planner=RowRangePlanner(), process_group=self._group)
+            dcp.save(staged, storage_writer=writer, planner=RowRangePlanner(sources=sources),
+                     process_group=self._group)
         # dcp.save returns on rank 0 only after every rank's files are written and the metadata with them.
         num_bytes, stored_bytes = 0, None
         if self.is_main:
@@ -244,14 +249,16 @@ class Checkpointer:
         return SavedCheckpoint(step, self.step_uri(step), num_bytes, landed, blocked, kind, parent, waited,
                                stored_bytes)
 
-    def load_latest(self, state: dict[str, Any], *, optional: tuple[str, ...] = ()) -> int | None:
+    def load_latest(self, state: dict[str, Any], *, optional: tuple[str, ...] = (),
+                    sinks: dict[str, Any] | None = None) -> int | None:
         """Load the newest step that restores into `state`; its step, or None if none exists.
 
         A full checkpoint loads as it is; a delta's chain loads its full checkpoint, then each delta in order.
         A chain that fails to load (a file lost or corrupted later) is skipped for the step before it. DCP
         raises on every rank when any rank fails, so all ranks skip together. `optional`: dotted paths of parts
         of `state` that checkpoints written before those parts existed lack (`trainer.best`); such a checkpoint
-        loads without them, and they keep what `state` holds.
+        loads without them, and they keep what `state` holds. `sinks`: fields of the tables kept elsewhere (a
+        tiered table's, by `<table>.<field>`), given their rows as they are read (dcp_read.SafeLoadPlanner).
         """
         markers = self.markers()
         steps = runtime.restorable_steps(markers)
@@ -259,7 +266,7 @@ class Checkpointer:
             chain = runtime.chain_of(step, markers) or []
             try:
                 for link in chain:
-                    self._load(link, state, whole=link == chain[0], optional=optional)
+                    self._load(link, state, whole=link == chain[0], optional=optional, sinks=sinks or {})
                 self._chain = [markers[link] for link in chain]
                 return step
             except (Exception, CheckpointException) as exc:  # noqa: BLE001 - any unreadable one is skipped
@@ -272,7 +279,8 @@ class Checkpointer:
             raise RuntimeError(f"none of the complete checkpoints under {self.uri} could be loaded")
         return None
 
-    def _load(self, step: int, state: dict[str, Any], *, whole: bool, optional: tuple[str, ...]) -> None:
+    def _load(self, step: int, state: dict[str, Any], *, whole: bool, optional: tuple[str, ...],
+              sinks: dict[str, Any]) -> None:
         """Load a full checkpoint into `state`, or apply a delta on it (its dense part whole, its rows)."""
         path = self._checked_step(step, write=False)
         for file in self.fs.find(path):  # a file of the folder may be a symlink too
@@ -281,12 +289,13 @@ class Checkpointer:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             saved = dcp_read.SafeReader(self.step_uri(step)).read_metadata().state_dict_metadata
             if whole:
-                dcp_read.load(_without_absent(state, saved, optional), self.step_uri(step))
+                dcp_read.load(_without_absent(state, saved, optional), self.step_uri(step),
+                              sinks={f"{delta.TABLES_KEY}.{key}": sink for key, sink in sinks.items()})
                 return
             entries = delta.entries_of(saved)
             dense = {k: v for k, v in state.items() if k != delta.TABLES_KEY}
             dcp_read.load({**_without_absent(dense, saved, optional), delta.DELTA_KEY: entries}, self.step_uri(step))
-        delta.apply(state[delta.TABLES_KEY], entries)
+        delta.apply(state[delta.TABLES_KEY], entries, sinks)
 
     def _listed_steps(self) -> list[int]:
         root = self.guard.fs(self.guard.writable(self.uri, where=_WHERE))[1]  # again: it may have become a symlink
@@ -337,6 +346,8 @@ def _copy(state: Any) -> Any:
     if isinstance(state, list):
         return [_copy(v) for v in state]
     if isinstance(state, torch.Tensor):
+        if is_placeholder(state):  # stands for rows read from elsewhere as they are written (`sources`)
+            return state
         if type(state) is torch.Tensor:
             return state.detach().to("cpu", copy=True)
         return state.detach().clone()  # a DTensor keeps its placement; its local rows are copied

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import io
 import pickle
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -92,7 +93,32 @@ class SafeReader(FsspecReader):
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's load planner reading non-tensor values with `weights_only=True` (DCP's own uses False)."""
+    """DCP's load planner reading non-tensor values with `weights_only=True` (DCP's own uses False).
+
+    `sinks`: tensors of the state that stand for rows kept elsewhere (a tiered table's fields on local disk, by
+    their flattened key): each chunk read for one lands in a buffer of its own and goes to the sink's
+    `write_local(first_row, values)`, so the whole field is never in memory."""
+
+    def __init__(self, sinks: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        self.sinks = dict(sinks or {})
+        self._buffers: dict[Any, torch.Tensor] = {}
+
+    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
+        if read_item.dest_index.fqn not in self.sinks:
+            return super().resolve_tensor(read_item)
+        buffer = torch.empty(tuple(read_item.lengths))
+        self._buffers[(read_item.dest_index, tuple(read_item.dest_offsets))] = buffer
+        return buffer
+
+    def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
+        sink = self.sinks.get(read_item.dest_index.fqn)
+        if sink is None:
+            return super().commit_tensor(read_item, tensor)
+        self._buffers.pop((read_item.dest_index, tuple(read_item.dest_offsets)), None)
+        assert all(offset == 0 for offset in read_item.dest_offsets[1:]), "chunks of rows, whole in width"
+        sink.write_local(int(read_item.dest_offsets[0]), tensor)
+        return None
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         try:
@@ -105,6 +131,6 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
-def load(state: dict[str, Any], step_uri: str, **kwargs: Any) -> None:
+def load(state: dict[str, Any], step_uri: str, *, sinks: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
     """`dcp.load` of `state` from the step folder `step_uri`, through `SafeReader` and `SafeLoadPlanner`."""
-    dcp.load(state, storage_reader=SafeReader(step_uri), planner=SafeLoadPlanner(), **kwargs)
+    dcp.load(state, storage_reader=SafeReader(step_uri), planner=SafeLoadPlanner(sinks), **kwargs)

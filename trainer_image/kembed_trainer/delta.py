@@ -12,10 +12,14 @@ Row numbers are the table's own, so a delta applies at any world size: each rank
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
+
+from kembed_trainer import step_writer
 
 __all__ = ["DELTA_KEY", "TABLES_KEY", "TableChanges", "apply", "entries_of", "extract"]
 
@@ -43,7 +47,7 @@ def extract(embeddings: dict[str, torch.Tensor], changes: dict[str, TableChanges
             out[prefix + _ROWS] = change.rows.clone()
             for key, tensor in embeddings.items():
                 name, _, field = key.partition(".")
-                if name == table and field != _SEEN:
+                if name == table and field != _SEEN and not step_writer.is_placeholder(tensor):  # a tiered table's: streamed
                     out[prefix + field] = _rows_of(tensor, change.rows)
         if change.seen_rows is not None and change.seen_rows.numel():
             out[prefix + _SEEN_ROWS] = change.seen_rows.clone()
@@ -63,9 +67,11 @@ def entries_of(saved) -> dict[str, torch.Tensor]:
     return out
 
 
-def apply(embeddings: dict[str, torch.Tensor], entries: dict[str, torch.Tensor]) -> None:
+def apply(embeddings: dict[str, torch.Tensor], entries: dict[str, torch.Tensor],
+          sinks: Mapping[str, Any] | None = None) -> None:
     """Copy a delta's rows into `embeddings` (a state dict as `extract` reads, or whole tables for export);
-    fields `embeddings` lacks are skipped, and of a sharded table only the rows this rank holds are copied."""
+    fields `embeddings` lacks are skipped, and of a sharded table only the rows this rank holds are copied.
+    `sinks`: fields held elsewhere than in a tensor (a tiered table's, by `<table>.<field>`), given the rows."""
     for key, rows in entries.items():
         table, part, field = key.split(".")
         if field not in (_ROWS, _SEEN_ROWS):
@@ -76,6 +82,9 @@ def apply(embeddings: dict[str, torch.Tensor], entries: dict[str, torch.Tensor])
             if k.startswith(prefix) and k.removeprefix(prefix) not in (_ROWS, _SEEN_ROWS, _SEEN)
         ]
         for name in fields:
+            if sinks and f"{table}.{name}" in sinks:
+                sinks[f"{table}.{name}"].write_held(rows.numpy(), entries[prefix + name])
+                continue
             target = embeddings.get(f"{table}.{name}")
             if target is not None:
                 _copy_rows(target, rows, entries[prefix + name])

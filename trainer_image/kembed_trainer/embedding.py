@@ -411,7 +411,10 @@ class EmbeddingCollection:
         sd = {}
         for g in self.groups:
             for i, t in enumerate(g.tables):
-                if g.sharded[i]:
+                if g.tiered:  # rows on disk: placeholders, streamed from the store (`tier_fields`)
+                    for name, field in g.fields(i).items():
+                        sd[f"{t.name}.{name}"] = self._sharded(field.placeholder(), t.num_embeddings)
+                elif g.sharded[i]:
                     piece = g.layout.local_slice(i)
                     sd[f"{t.name}.weight"] = self._sharded(g.shard[piece], t.num_embeddings)
                     for name, s in g.shard_state.items():
@@ -431,7 +434,9 @@ class EmbeddingCollection:
         out = {}
         for g in self.groups:
             for i, t in enumerate(g.tables):
-                if g.sharded[i]:
+                if g.tiered:  # after `flush`: every change is in the store
+                    rows = torch.from_numpy(g.changed_local_rows(i)) + g.layout.table_lo(i)
+                elif g.sharded[i]:
                     rows = g.shard_changed[g.layout.local_slice(i)].nonzero()[:, 0] + g.layout.table_lo(i)
                 elif rank == 0:
                     rows = g.changed[g.table_slices(i)].nonzero()[:, 0]
@@ -447,8 +452,26 @@ class EmbeddingCollection:
         """Start counting changed rows afresh (a checkpoint now holds every change so far)."""
         for g in self.groups:
             for mask in (g.changed, g.shard_changed, g.seen_changed):
-                if mask is not None:
+                if mask is not None and not (g.tiered and mask is g.shard_changed):  # a tiered group's: to write back
                     mask.zero_()
+            if g.tiered:
+                g.forget_changes()
+
+    def flush(self) -> None:
+        """Write the tiered tables' changed cached rows to their stores (before a checkpoint reads them)."""
+        for g in self.tiered:
+            g.flush()
+
+    def tier_fields(self) -> dict[str, object]:
+        """Every tiered table's fields (`tiered.table.TableField`) by state-dict key (`<table>.<field>`): what a
+        checkpoint streams from the stores instead of reading tensors."""
+        return {f"{t.name}.{name}": field for g in self.tiered for i, t in enumerate(g.tables)
+                for name, field in g.fields(i).items()}
+
+    def drop_caches(self) -> None:
+        """Forget the tiered tables' cached rows (their stores were just loaded from a checkpoint)."""
+        for g in self.tiered:
+            g.drop_cache()
 
     def full_weight(self, name: str) -> torch.Tensor:
         """Every row of table `name` on this rank (a sharded table is all-gathered: a collective)."""
@@ -456,6 +479,8 @@ class EmbeddingCollection:
             for i, t in enumerate(g.tables):
                 if t.name != name:
                     continue
+                if g.tiered:
+                    raise ValueError(f"table {name!r} is tiered: it is not read whole into memory")
                 if not g.sharded[i]:
                     return g.weight[g.table_slices(i)]
                 local = g.shard[g.layout.local_slice(i)]

@@ -18,7 +18,7 @@ import heapq
 import math
 import pickle
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
@@ -33,19 +33,39 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from kembed_trainer.part_upload import PartUpload
 
-__all__ = ["FILE_BYTES", "ITEM_BYTES", "WRITER_THREADS", "RowRangePlanner", "StepWriter"]
+__all__ = ["FILE_BYTES", "ITEM_BYTES", "WRITER_THREADS", "RowRangePlanner", "StepWriter", "is_placeholder",
+           "placeholder"]
 
 ITEM_BYTES = 8 * 2**20
 FILE_BYTES = 16 * 2**20
 WRITER_THREADS = 4
 
 
-class RowRangePlanner(DefaultSavePlanner):
-    """DCP's default save planner, with every tensor item of more than `ITEM_BYTES` cut into row ranges."""
+def placeholder(shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor of `shape` that holds one value (every element is it: strides 0), standing in a state dict for
+    rows kept elsewhere, a tiered table's on local disk: DCP plans with its shape, a `RowRangePlanner` source
+    gives its rows as they are written, a `dcp_read.SafeLoadPlanner` sink takes them as they are read. (A tensor
+    on device `meta` would do, but DCP's load allocates a real one for each.)"""
+    return torch.zeros(1).expand(shape)
 
-    def __init__(self, item_bytes: int = ITEM_BYTES) -> None:
+
+def is_placeholder(tensor: torch.Tensor) -> bool:
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() > 1 and all(stride == 0 for stride in local.stride())
+
+
+class RowRangePlanner(DefaultSavePlanner):
+    """DCP's default save planner, with every tensor item of more than `ITEM_BYTES` cut into row ranges.
+
+    `sources`: tensors of the state that stand for rows kept elsewhere (`placeholder`s: a tiered table's fields
+    on local disk), by flattened key: each item's rows are read from its source, `(first_row, count) -> tensor`,
+    when the writer asks for them, so a field is streamed, never whole in memory."""
+
+    def __init__(self, item_bytes: int = ITEM_BYTES, sources: Mapping[str, Callable[[int, int], torch.Tensor]]
+                 | None = None) -> None:
         super().__init__()
         self.item_bytes = item_bytes
+        self.sources = dict(sources or {})
         self._ranges: dict[MetadataIndex, tuple[MetadataIndex, int, int]] = {}
 
     def create_local_plan(self) -> SavePlan:
@@ -55,6 +75,10 @@ class RowRangePlanner(DefaultSavePlanner):
         return self.plan
 
     def resolve_data(self, write_item: WriteItem) -> torch.Tensor | Any:
+        source = self.sources.get(write_item.index.fqn)
+        if source is not None:
+            chunk = write_item.tensor_data.chunk
+            return source(int(chunk.offsets[0]), int(chunk.sizes[0]))
         cut = self._ranges.get(write_item.index)
         if cut is None:
             return super().resolve_data(write_item)

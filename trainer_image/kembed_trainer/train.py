@@ -29,6 +29,7 @@ from kembed_trainer import (
     row_index,
     sparse_optim,
     sparsity,
+    step_writer,
     storage,
     word_eval,
 )
@@ -284,9 +285,11 @@ class Trainer:
         state = self.state_dict()
         # Checkpoints written before the best eval (or the data's position) was kept lack it: they resume with no
         # best yet (and the data's position counted from the step, as if no run before had another world size).
-        step = self.checkpointer.load_latest(state, optional=("trainer.best", "data"))
+        step = self.checkpointer.load_latest(state, optional=("trainer.best", "data"),
+                                             sinks=self.embeddings.tier_fields())
         if step is None:
             return None
+        self.embeddings.drop_caches()  # tiered tables: the stores hold the checkpoint's rows now
         if "data" in state:
             self._ahead.forget()
             self.data.load_state_dict(state["data"])
@@ -313,18 +316,26 @@ class Trainer:
         """Start a checkpoint of this step (unless there is one); with `wait`, return once every save landed."""
         if self.checkpointer is None:
             return
+        tiered = self.embeddings.tier_fields()
         if self._saved_step != self.step:
             started = time.perf_counter()  # training stalls from here until the state is copied
             kind = self.checkpointer.next_kind()
+            self.embeddings.flush()  # tiered tables: every change in the stores, which the save streams
             # What each row stands for (vocabulary, hashed ids read so far), saved with every checkpoint (row_index.py).
             state, files = self.state_dict(), row_index.checkpoint_files(self.cfg, self.data, rank=self.env.rank)
+            sources = {f"{delta.TABLES_KEY}.{key}": field.reader() for key, field in tiered.items()}
             if kind == runtime.CHECKPOINT_DELTA:
                 tables = state.pop(delta.TABLES_KEY)
-                state[delta.DELTA_KEY] = delta.extract(tables, self.embeddings.changes(self.env.rank), self.env.rank)
+                changes = self.embeddings.changes(self.env.rank)
+                state[delta.DELTA_KEY] = delta.extract(tables, changes, self.env.rank)
+                sources = _tier_delta(state[delta.DELTA_KEY], tiered, changes, self.env.rank)
                 files = {}  # the row index never changes: the chain's full checkpoint holds it
             self.embeddings.forget_changes()
-            self.checkpointer.save(self.step, state, files, kind=kind, started=started)
+            self.checkpointer.save(self.step, state, files, kind=kind, started=started, sources=sources)
             self._saved_step = self.step
+            # A tiered table's save reads its store as it writes: training waits until it landed (a copy-on-write
+            # snapshot of the stores, so that it need not, is next: docs/tiered-tables.md).
+            wait = wait or bool(tiered)
         if wait:
             self._report_saves(wait=True)
 
@@ -383,6 +394,21 @@ class Trainer:
             flags[0] /= self.env.world_size
         window.add(flags[0].item(), self.embeddings.last_unique_rows, time.perf_counter() - started, data_seconds)
         return bool(flags[1].item() > 0)
+
+
+def _tier_delta(entries: dict, fields: dict, changes: dict[str, delta.TableChanges], rank: int) -> dict:
+    """A delta's entries for tiered tables' changed rows: placeholders in `entries` and, by flattened key, the
+    readers that stream those rows from the stores as the delta is written."""
+    sources = {}
+    for key, field in fields.items():
+        table, name = key.split(".", 1)
+        rows = changes[table].rows
+        if not rows.numel():
+            continue
+        entry = f"{table}.rank{rank}.{name}"
+        entries[entry] = step_writer.placeholder((rows.numel(), *field.shape[1:]))
+        sources[f"{delta.DELTA_KEY}.{entry}"] = field.reader(rows.numpy())
+    return sources
 
 
 class _BatchAhead:

@@ -38,7 +38,7 @@ import torch
 
 from kembed_contract import runtime
 from kembed_contract import trainer_config as config
-from kembed_trainer import embedding, hugepages, sharding
+from kembed_trainer import embedding, hugepages, sharding, step_writer
 from kembed_trainer.tiered import cache as tier_cache
 from kembed_trainer.tiered import store as tier_store
 
@@ -112,6 +112,9 @@ class TieredGroup(embedding._Group):
         self._job: Future | None = None
         self._prefetched: tuple[np.ndarray, np.ndarray] | None = None  # (rows, slots) the last prefetch made ready
         self.stats = TierStats()
+        # Rows written back since the last checkpoint (their changes are in the store): with the dirty cached
+        # rows, what an incremental checkpoint saves. One byte a row.
+        self.changed_rows = np.zeros(local_rows, np.bool_)
         bounds = [int(x) for x in self.layout.starts_on[rank]] + [local_rows]
         self._file_starts = np.array(bounds, dtype=np.int64)
 
@@ -162,10 +165,31 @@ class TieredGroup(embedding._Group):
         The owner's rows (its `requested`) become cache slots, so gradients and updates land in the cache."""
         local, counts = self.layout.split_by_owner(rows)
         exchange = sharding.Exchange.plan(local, counts)
-        exchange.requested = self._slots_of(exchange.requested, alone=exchange.alone)
         vectors = torch.empty(rows.numel(), self.dim, device=rows.device)
-        exchange.fetch(self.shard, out=vectors)
+        if not torch.is_grad_enabled():  # evaluation: read through, the cache left as training needs it
+            answer = self._read_through(exchange.requested)
+            exchange.requested = torch.arange(answer.shape[0])
+            exchange.fetch(answer, out=vectors)
+        else:
+            exchange.requested = self._slots_of(exchange.requested, alone=exchange.alone)
+            exchange.fetch(self.shard, out=vectors)
         return vectors, embedding._Touched(rows[:0], 0, exchange)
+
+    def _read_through(self, requested: torch.Tensor) -> torch.Tensor:
+        """The weights of local rows `requested`: cached ones from the cache (they may be newer than the
+        store), the others read from the store and not cached (an eval batch may be larger than the cache)."""
+        self._wait()
+        req = requested.numpy()
+        slots = self.cache.resident(req)
+        out = torch.empty(req.shape[0], self.dim)
+        hit = torch.from_numpy(slots >= 0)
+        out[hit] = self.shard.index_select(0, torch.from_numpy(slots[slots >= 0]))
+        if not bool(hit.all()):
+            missing, where = np.unique(req[slots < 0], return_inverse=True)
+            records = np.empty((missing.shape[0], self.record_floats), np.float32)
+            self._read(missing, records, self.stats)
+            out[~hit] = torch.from_numpy(records[:, : self.dim])[torch.from_numpy(where.reshape(-1))]
+        return out
 
     def shard_table(self, slots: torch.Tensor) -> torch.Tensor:
         rows = torch.from_numpy(self.cache.row_of_slot).index_select(0, slots)
@@ -254,6 +278,7 @@ class TieredGroup(embedding._Group):
         stats.fetched_bytes += out.nbytes
 
     def _write(self, rows: np.ndarray, values: np.ndarray, stats: TierStats) -> None:
+        self.changed_rows[rows] = True
         for f, file_rows, part in self._by_file(rows):
             f.write(file_rows, np.ascontiguousarray(values[part]))
         stats.written += rows.shape[0]
@@ -282,10 +307,43 @@ class TieredGroup(embedding._Group):
             out[name] = part if tensor.dim() > 1 else part[:, 0]
         return out
 
+    def fields(self, i: int) -> dict[str, TableField]:
+        """Table `i`'s weight and optimizer state on this rank, as the store holds them (`flush` first)."""
+        names = ["weight", *self.shard_state]
+        return {name: TableField(self, i, k) for k, name in enumerate(names)}
+
+    def changed_local_rows(self, i: int) -> np.ndarray:
+        """This rank's rows of table `i` (its own row numbers) changed since `forget_changes` (`flush` first)."""
+        lo, hi = int(self._file_starts[i]), int(self._file_starts[i + 1])
+        return np.flatnonzero(self.changed_rows[lo:hi])
+
+    def forget_changes(self) -> None:
+        self.changed_rows[:] = False
+
+    def drop_cache(self) -> None:
+        """Forget every cached row without writing it back (the store was just loaded from a checkpoint)."""
+        self._wait()
+        self._prefetched = None
+        self.cache = tier_cache.SlotCache(self.cache.num_rows, self.cache.capacity)
+        self.shard_changed = torch.from_numpy(self.cache.dirty)
+
     def read_table(self, i: int) -> dict[str, torch.Tensor]:
         """Every row this rank holds of table `i` (tests; whole tables do not fit in memory by design)."""
         self.flush()
         return self.read_rows(i, 0, self.files[i].num_rows)
+
+    def read_records(self, i: int, rows: np.ndarray) -> np.ndarray:
+        """Records of this rank's sorted rows `rows` of table `i` (its own numbering)."""
+        out = np.empty((rows.shape[0], self.record_floats), np.float32)
+        self.files[i].read(np.ascontiguousarray(rows, dtype=np.int64), out)
+        return out
+
+    def write_field(self, i: int, field: int, rows: np.ndarray, values: torch.Tensor) -> None:
+        """Set one field of the records of sorted rows `rows` of table `i` (read, changed, written back)."""
+        _, first, width = self._fields[field]
+        records = self.read_records(i, rows)
+        records[:, first:first + width] = values.reshape(rows.shape[0], width).numpy()
+        self.files[i].write(np.ascontiguousarray(rows, dtype=np.int64), records)
 
     def take_stats(self) -> TierStats:
         stats, self.stats = self.stats, TierStats()
@@ -307,3 +365,50 @@ class TieredGroup(embedding._Group):
             for f in self.files:
                 f.close()
             self._io.shutdown()
+
+
+class TableField:
+    """One field (the weight or an optimizer state) of one tiered table on this rank, in the store: what a
+    checkpoint streams, a chunk of rows at a time, instead of a tensor in memory. Rows are the table's own
+    numbers (this rank holds `lo`.. `lo + num_rows`)."""
+
+    def __init__(self, group: TieredGroup, i: int, field: int) -> None:
+        self.group, self.i, self.field = group, i, field
+        tensor, _, self.width = group._fields[field]
+        self.lo = group.layout.table_lo(i)
+        self.num_rows = group.files[i].num_rows
+        self.shape = (self.num_rows, self.width) if tensor.dim() > 1 else (self.num_rows,)
+
+    def placeholder(self) -> torch.Tensor:
+        """A tensor of this field's shape that holds nothing (`step_writer.placeholder`): DCP plans with it."""
+        return step_writer.placeholder(self.shape)
+
+    def read(self, first_row: int, num_rows: int, rows: np.ndarray | None = None) -> torch.Tensor:
+        """Rows `first_row`.. (table rows), or the table rows `rows` (sorted) when given."""
+        local = (np.arange(num_rows, dtype=np.int64) + first_row if rows is None else rows) - self.lo
+        records = self.group.read_records(self.i, local)
+        _, first, width = self.group._fields[self.field]
+        part = torch.from_numpy(np.ascontiguousarray(records[:, first:first + width]))
+        return part if len(self.shape) > 1 else part[:, 0]
+
+    def write(self, rows: np.ndarray, values: torch.Tensor) -> None:
+        """Set the table rows `rows` (any order; this rank's only) to `values`."""
+        order = np.argsort(rows, kind="stable")
+        self.group.write_field(self.i, self.field, rows[order] - self.lo, values[torch.from_numpy(order)])
+
+    def write_held(self, rows: np.ndarray, values: torch.Tensor) -> None:
+        """Set those of the table rows `rows` that this rank holds (a delta written at another world size)."""
+        held = (rows >= self.lo) & (rows < self.lo + self.num_rows)
+        if held.any():
+            self.write(rows[held], values[torch.from_numpy(held)])
+
+    def write_local(self, first: int, values: torch.Tensor) -> None:
+        """Set this rank's rows `first`.. (its own numbering) to `values` (a chunk DCP loaded)."""
+        self.write(np.arange(first, first + values.shape[0], dtype=np.int64) + self.lo, values)
+
+    def reader(self, rows: np.ndarray | None = None):
+        """A function (first, count) -> tensor over this field's rows: table rows `first`.. (DCP's chunk of a
+        whole field), or entries `first`.. of the table rows `rows` (a delta's changed rows)."""
+        if rows is None:
+            return lambda first, count: self.read(first, count)
+        return lambda first, count: self.read(0, count, rows=rows[first:first + count])
