@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from kembed_contract import runtime
 from kembed_contract.storage_policy import Access, check_uri_syntax
 
 __all__ = [
@@ -122,6 +123,9 @@ class _Strict(BaseModel):
 
 
 # ----------------------------------------------------------------------------------------------- embeddings
+TIER_BYTES_PER_ROW = 7  # a tiered table's bookkeeping per row: slot (int32), use count (uint16), changed flag
+
+
 class TierConfig(_Strict):
     """A tiered table: all its rows and their optimizer state on the node's local disk, the hot ones cached in
     memory (docs/trainer.md, tiered tables). Give the cache as rows or as MB, not both.
@@ -130,10 +134,10 @@ class TierConfig(_Strict):
     """
 
     cache_rows: _int(1, MAX_ROWS) | None = Field(
-        None, description="Rows of this table the cache holds (each with its optimizer state). It must hold every "
-        "distinct row of two steps at once: the one training and the next, fetched meanwhile.")
+        None, description="Rows of this table each rank's cache holds (each with its optimizer state). It must "
+        "hold every distinct row of two steps at once: the one training and the next, fetched meanwhile.")
     cache_mb: _float(gt=0, le=2**30) | None = Field(
-        None, description="The cache as MB of rows and their optimizer state, instead of cache_rows.")
+        None, description="Each rank's cache as MB of rows and their optimizer state, instead of cache_rows.")
     io_threads: _int(1, 64) = Field(
         4, description="Threads reading and writing the table's rows on disk, so that the disk's latencies overlap.")
 
@@ -142,6 +146,24 @@ class TierConfig(_Strict):
         if (self.cache_rows is None) == (self.cache_mb is None):
             raise ValueError("give the cache's size as cache_rows or cache_mb (one of them)")
         return self
+
+    def cache_rows_for(self, table: TableConfig, optimizer: str, *, world_size: int = 1) -> int:
+        """Rows of `table` each rank caches: `cache_rows`, or `cache_mb` over a row's weight and optimizer state;
+        at most the rank's rows."""
+        rows = -(-table.num_embeddings // world_size)
+        if self.cache_rows is not None:
+            return min(self.cache_rows, rows)
+        dim = table.embedding_dim
+        row_bytes = 4 * dim * (1 + runtime.OPTIMIZER_STATE_FLOATS[optimizer](dim))
+        return max(1, min(int(self.cache_mb * 2**20 / row_bytes), rows))
+
+    def memory_bytes(self, table: TableConfig, optimizer: str, *, world_size: int = 1) -> float:
+        """Memory one rank holds for a tiered `table`: its cache of rows with their optimizer state, and per row
+        of the rank's (cached or not) a slot number, a use count and a changed flag (7 bytes)."""
+        dim = table.embedding_dim
+        row_bytes = 4 * dim * (1 + runtime.OPTIMIZER_STATE_FLOATS[optimizer](dim))
+        rows = -(-table.num_embeddings // world_size)
+        return self.cache_rows_for(table, optimizer, world_size=world_size) * row_bytes + rows * TIER_BYTES_PER_ROW
 
 
 class TableConfig(_Strict):

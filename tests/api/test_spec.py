@@ -67,6 +67,22 @@ def test_the_table_memory_estimate_splits_sharded_tables_across_ranks():
     assert one - four == pytest.approx(sharded_rows * 3 / 4, rel=1e-6)
 
 
+def test_a_tiered_table_is_estimated_at_its_cache_not_its_rows():
+    """A table of 150M rows on disk asks a rank for its cache and 7 bytes a row of bookkeeping, not its rows."""
+    from kembed_api.jobs.estimates import table_memory_bytes_per_rank
+
+    spec = make_spec().build()
+    spec["trainer"]["embeddings"]["tables"][0].update(num_embeddings=150_000_000, tier={"cache_rows": 1_000_000})
+    trainer = JobSpec.model_validate(spec).trainer
+    dim = trainer.embeddings.tables[0].embedding_dim
+    row = dim * (1 + 1 / dim) * 4  # rowwise_adagrad keeps one float per row
+    others = sum(t.num_embeddings * t.embedding_dim * (1 + 1 / t.embedding_dim) * 4
+                 for t in trainer.embeddings.tables[1:])
+    assert table_memory_bytes_per_rank(trainer) == pytest.approx(1_000_000 * row + 150_000_000 * 7 + others)
+    two = table_memory_bytes_per_rank(trainer, world_size=2)  # each rank caches its own share; half the rows each
+    assert two == pytest.approx(1_000_000 * row + 75_000_000 * 7 + others, rel=1e-6)
+
+
 def test_a_spec_with_only_data_and_kind_is_stored_and_estimated_with_its_kinds_defaults():
     """The API validates, stores (the dump) and estimates what the trainer will run: the kind's defaults."""
     from kembed_api.jobs.estimates import memory_per_rank, table_memory_bytes_per_rank

@@ -64,10 +64,13 @@ def _gib(num_bytes: float) -> str:
 
 def table_memory_bytes_per_rank(trainer: TrainerConfig, *, world_size: int = 1) -> int:
     """Weights plus sparse-optimizer state one rank holds: replicated tables whole, row-wise sharded ones
-    1/world_size of their rows (rounded up, as the trainer splits them)."""
+    1/world_size of their rows (rounded up, as the trainer splits them), tiered ones their cache."""
     state = runtime.OPTIMIZER_STATE_FLOATS[trainer.optimizer.sparse.name]
     total = 0.0
     for table in trainer.embeddings.tables:
+        if table.tier is not None:  # its cache and per-row bookkeeping; the rows are on the node's disk
+            total += table.tier.memory_bytes(table, trainer.optimizer.sparse.name, world_size=world_size)
+            continue
         rows = table.num_embeddings
         if trainer.embeddings.is_sharded(table):
             rows = -(-rows // world_size)

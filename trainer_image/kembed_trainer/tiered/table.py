@@ -51,15 +51,10 @@ def record_floats(dim: int, state_widths: list[int]) -> int:
     return dim + sum(state_widths)
 
 
-def cache_rows_of(table: config.TableConfig, optimizer: str) -> int:
-    """The cache rows a table's tier asks for (`cache_rows`, or `cache_mb` over a row's weight and state)."""
-    tier = table.tier
-    assert tier is not None
-    if tier.cache_rows is not None:
-        return min(tier.cache_rows, table.num_embeddings)
-    dim = table.embedding_dim
-    row_bytes = 4 * dim * (1 + runtime.OPTIMIZER_STATE_FLOATS[optimizer](dim))
-    return max(1, min(int(tier.cache_mb * 2**20 / row_bytes), table.num_embeddings))
+def cache_rows_of(table: config.TableConfig, optimizer: str, world_size: int) -> int:
+    """The cache rows a table's tier asks each rank for (`TierConfig.cache_rows_for`)."""
+    assert table.tier is not None
+    return table.tier.cache_rows_for(table, optimizer, world_size=world_size)
 
 
 class TierStats:
@@ -99,7 +94,7 @@ class TieredGroup(embedding._Group):
         self.optimizer_name = optimizer
         self.seed, self.table_ids, self.rank = seed, table_ids, rank
         local_rows = self.layout.num_local_rows
-        self.capacity = min(local_rows, sum(cache_rows_of(t, optimizer) for t in tables))
+        self.capacity = min(local_rows, sum(cache_rows_of(t, optimizer, world_size) for t in tables))
         self.cache = tier_cache.SlotCache(local_rows, max(1, self.capacity))
         self.shard = hugepages.empty(self.cache.capacity, self.dim, device=device)
         self.shard.zero_()
@@ -354,7 +349,7 @@ class TieredGroup(embedding._Group):
         """Memory this group holds: the cache's rows and state, and its per-row bookkeeping."""
         tensors = [self.shard, *self.shard_state.values()]
         c = self.cache
-        maps = (c.slot_of_row, c.row_of_slot, c.count, c.pin, c.dirty, c.free)
+        maps = (c.slot_of_row, c.row_of_slot, c.count, c.pin, c.dirty, c.free, self.changed_rows)
         return sum(t.numel() * t.element_size() for t in tensors) + sum(a.nbytes for a in maps)
 
     def close(self) -> None:
