@@ -1,6 +1,8 @@
 """A DLRM job whose tables are 4x the memory it is given, tiered, against the same model with every row in memory.
 
     nice .venv/bin/python benchmarks/tiered_dlrm.py --limit-gb 3                  # every variant, 300 steps each
+    nice .venv/bin/python benchmarks/tiered_dlrm.py --limit-gb 3 --cache-share 0.05 --repeats 2 \
+        --variants in-memory tiered-4x tiered-4x-cold                              # medians of 2 interleaved
     nice .venv/bin/python benchmarks/tiered_dlrm.py --variants in-memory tiered-4x --steps 100
 
 Each variant is a real trainer job (`python -m kembed_trainer --config ...`, one process, 2 torch threads) whose
@@ -169,6 +171,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--log-every", type=int, default=20)
     parser.add_argument("--variants", nargs="+", default=["in-memory", "tiered-fit", "tiered-4x", "tiered-4x-cold"])
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of every variant, interleaved; medians")
     parser.add_argument("--dir", default=None, help="where the stores go (default: the temp folder)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
@@ -199,12 +202,17 @@ def main() -> None:
             "tiered-4x": (job_config(big_rows, cache_rows=cache_rows, data=big_data, **common), False, big_rows),
             "tiered-4x-cold": (job_config(big_rows, cache_rows=cache_rows, data=big_data, **common), True, big_rows),
         }
-        for name in args.variants:
-            cfg, cold, rows = variants[name]
-            t = time.perf_counter()
-            results[name] = run_job(name, cfg, cold=cold, folder=pathlib.Path(tmp))
-            print(f"{name}: {json.dumps(results[name])} ({time.perf_counter() - t:.0f} s, "
-                  f"load average {os.getloadavg()})", flush=True)
+        runs: dict[str, list[dict]] = {name: [] for name in args.variants}
+        for _ in range(args.repeats):  # interleaved, so the machine's load moves every variant alike
+            for name in args.variants:
+                cfg, cold, rows = variants[name]
+                t = time.perf_counter()
+                runs[name].append(run_job(name, cfg, cold=cold, folder=pathlib.Path(tmp)))
+                print(f"{name}: {json.dumps(runs[name][-1])} ({time.perf_counter() - t:.0f} s, "
+                      f"load average {os.getloadavg()})", flush=True)
+        for name, done in runs.items():
+            done = [r for r in done if r]
+            results[name] = {key: statistics.median(r[key] for r in done) for key in done[0]} if done else {}
     base = results.get("in-memory", {}).get("samples_per_sec")
     base_compute = results.get("in-memory", {}).get("compute_samples_per_sec")
     print("\n| variant | tables GiB | samples/s | x in-memory | compute samples/s | x in-memory | peak RSS MB | "

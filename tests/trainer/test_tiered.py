@@ -216,3 +216,21 @@ def test_a_tiered_chain_loads_on_another_number_of_ranks(tmp_path, first, then):
     assert code == 0, stderr
     assert after[0]["world_size"] == then and after[0]["resumed_from"] == f"{uri}/step-15"
     assert after[-1]["eval"] == pytest.approx(before[-1]["eval"], rel=1e-5)
+
+
+def test_two_ranks_train_tiered_tables_as_in_memory_ones(tmp_path):
+    """At two ranks each rank's store holds its half of the rows and answers the other rank's lookups from its
+    cache: the losses and the eval are those of the same tables in memory, sharded row-wise."""
+    in_memory = [{k: v for k, v in t.items() if k != "tier"} | {"sharding": "row_wise"} if "tier" in t else t
+                 for t in TIERED_TABLES]
+    runs = {}
+    for name, tables in (("tiered", TIERED_TABLES), ("in_memory", in_memory)):
+        cfg = tiny_config(training={"steps": 12, "log_every": 1}, embeddings={"tables": tables},
+                          optimizer={"sparse": {"name": "adagrad", "lr": 0.05}})
+        cfg.pop("checkpoint", None)
+        code, recs, stderr = run_trainer(write_config(tmp_path / f"{name}.yaml", cfg), nproc=2, timeout=600,
+                                         KEMBED_LOCAL_DIR=str(tmp_path))
+        assert code == 0, stderr
+        runs[name] = recs
+    assert losses(runs["tiered"]) == pytest.approx(losses(runs["in_memory"]), rel=1e-5)
+    assert runs["tiered"][-1]["eval"] == pytest.approx(runs["in_memory"][-1]["eval"], rel=1e-5)

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import numba
 import numpy as np
 import torch
 
@@ -55,6 +56,20 @@ def cache_rows_of(table: config.TableConfig, optimizer: str, world_size: int) ->
     """The cache rows a table's tier asks each rank for (`TierConfig.cache_rows_for`)."""
     assert table.tier is not None
     return table.tier.cache_rows_for(table, optimizer, world_size=world_size)
+
+
+# Rows between the cache's tensors and records, in compiled loops on the prefetch thread: one core, the GIL
+# released (torch's indexing there ran on the training threads' cores as well).
+@numba.njit(nogil=True)
+def _gather(field: np.ndarray, slots: np.ndarray, out: np.ndarray, first: int) -> None:
+    for i in range(slots.shape[0]):
+        out[i, first:first + field.shape[1]] = field[slots[i]]
+
+
+@numba.njit(nogil=True)
+def _scatter(records: np.ndarray, first: int, slots: np.ndarray, field: np.ndarray) -> None:
+    for i in range(slots.shape[0]):
+        field[slots[i]] = records[i, first:first + field.shape[1]]
 
 
 class TierStats:
@@ -135,6 +150,7 @@ class TieredGroup(embedding._Group):
             self._initialise(i, f)
         # Compile the cache's and the reads' loops now, not in the first step.
         self.cache.plan(np.empty(0, np.int64), count=False)
+        self._into_slots(np.empty(0, np.int64), self._records_of(np.empty(0, np.int64)))
         if self.files and self.files[0].num_rows:
             self.files[0].read_range(0, np.empty((1, self.record_floats), np.float32))
 
@@ -245,18 +261,14 @@ class TieredGroup(embedding._Group):
         stats.io_seconds += time.perf_counter() - started
 
     def _records_of(self, slots: np.ndarray) -> np.ndarray:
-        index = torch.from_numpy(slots)
-        out = torch.empty(slots.shape[0], self.record_floats)
+        out = np.empty((slots.shape[0], self.record_floats), np.float32)
         for tensor, first, width in self._fields:
-            out[:, first:first + width] = tensor.index_select(0, index).view(-1, width)
-        return out.numpy()
+            _gather(tensor.numpy().reshape(-1, width), slots, out, first)
+        return out
 
     def _into_slots(self, slots: np.ndarray, records: np.ndarray) -> None:
-        index = torch.from_numpy(slots)
-        source = torch.from_numpy(records)
         for tensor, first, width in self._fields:
-            part = source[:, first:first + width]
-            tensor.index_copy_(0, index, part if tensor.dim() > 1 else part[:, 0])
+            _scatter(records, first, slots, tensor.numpy().reshape(-1, width))
 
     def _by_file(self, rows: np.ndarray):
         """(file, its rows, the slice of `rows`) for each table file `rows` (sorted local rows) fall in."""
