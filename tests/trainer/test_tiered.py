@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kembed_contract import trainer_config as config
-from kembed_trainer import embedding
+from kembed_trainer import embedding, export
 from kembed_trainer.data.batch import Batch
 from kembed_trainer.tiered import cache as tier_cache
 from kembed_trainer.tiered import store as tier_store
@@ -203,6 +203,11 @@ def test_a_tiered_chain_resumes_bit_for_bit(tmp_path):
     assert then[-1]["eval"] == whole[-1]["eval"]
     assert any("tier_hit_rate" in r for r in then if r["event"] == "progress")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("kembed-tier")]  # no store left behind
+    # Exports read tiered tables as any: the chain's last step (full at 20, delta at 25) gives the vectors the
+    # uninterrupted run's full checkpoint of step 25 gives.
+    for table in ("t0", "t1"):
+        chained = export.read_table(f"{uri}/step-25", table).vectors
+        np.testing.assert_array_equal(chained, export.read_table(f"file://{tmp_path}/a/step-25", table).vectors)
 
 
 @pytest.mark.parametrize(("first", "then"), [pytest.param(1, 2, id="1-to-2"), pytest.param(2, 1, id="2-to-1")])
