@@ -110,7 +110,10 @@ def test_a_two_node_cpu_gang_in_the_trainer_image_survives_a_killed_pod_and_resu
                 return json.loads(line)
         return None
 
-    started = wait_for(started_record, timeout_s=120, interval_s=1, what="the resumed trainer's started record")
+    try:
+        started = wait_for(started_record, timeout_s=120, interval_s=1, what="the resumed trainer's started record")
+    except TimeoutError:  # what the resumed rank 0 said instead
+        raise AssertionError(platform.pod_log(namespace, rank0.metadata.name)[-3000:]) from None
     assert started["resumed_from"] and started["step"] >= first_checkpoint["step"], started
 
     done = wait_phase(platform, namespace, job, "SUCCEEDED", "FAILED", timeout_s=600)
