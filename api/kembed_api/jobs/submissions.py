@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from kembed_api import estimates, storage_use
 from kembed_api.admission import Demand, never_fits
 from kembed_api.db import Executor, utcnow
+from kembed_api.jobs.demand import demand_columns
 from kembed_api.jobs.errors import CannotRun, KeyReused, QueueFull
 from kembed_api.jobs.ids import new_job_id
 from kembed_api.jobs.models import Job, JobEvent
@@ -273,7 +274,7 @@ def _new_job(spec: JobSpec, *, tenant: Row, storage: PlatformStorage, now: datet
     demand = Demand.of(spec)
     return _NewJob(row=dict(
         id=job_id, tenant_id=tenant.id, name=spec.name, spec=spec.model_dump(mode="json"), priority=spec.priority,
-        gpus=demand.gpus, cpu=demand.cpu, memory_bytes=demand.memory_bytes, processes=demand.processes,
+        **demand_columns(demand),
         idempotency_key=idempotency_key, spec_hash=spec_hash, state=JobState.QUEUED, reason="Submitted",
         message="waiting for admission",
         cancel_requested=False, restart_count=0, created_at=now, admitted_at=None, started_at=None,
