@@ -173,7 +173,7 @@ class Dispatcher:
                 if job.state == JobState.PREEMPTED:
                     transitions.requeue(session, job, now=self.clock())
                     continue
-                where = f"checkpoint step {job.checkpoint_step}" if job.checkpoint_uri else "the start (no checkpoint)"
+                where = f"checkpoint step {job.checkpoint_step}" if job.latest_checkpoint_uri else "the start (no checkpoint)"
                 transitions.transition(session, job, JobState.RESTARTING, reason="ServerRestarted",
                                    message=f"the server restarted while the job ran; resuming from {where}",
                                    now=self.clock())
@@ -238,7 +238,7 @@ class Dispatcher:
                 self._follow(session, job, seen, now=now)
             return
         job.backend_state = {}
-        checkpoint = f"; checkpoint at step {job.checkpoint_step}: {job.checkpoint_uri}" if job.checkpoint_uri else ""
+        checkpoint = f"; checkpoint at step {job.checkpoint_step}: {job.latest_checkpoint_uri}" if job.latest_checkpoint_uri else ""
         if job.cancel_requested:
             transitions.transition(session, job, JobState.CANCELLED, reason="Cancelled",
                                message=f"stopped at step {job.step}{checkpoint}", now=now)
@@ -319,7 +319,7 @@ class Dispatcher:
                                    message=storage_use.over_quota(tenant, stored=elsewhere) or "")
             return
         token, token_hash = reports.new_report_token()
-        resuming = job.state == JobState.RESTARTING or job.checkpoint_uri is not None  # restarted or preempted
+        resuming = job.state == JobState.RESTARTING or job.latest_checkpoint_uri is not None  # restarted or preempted
         try:
             if job.restart_count == 0 and not resuming:
                 self.backend.sync_tenant(tenant.name, quota_spec(tenant), sharing_of(tenant),

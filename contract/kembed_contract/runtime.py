@@ -24,6 +24,7 @@ import signal
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "CHECKPOINT_DELTA",
@@ -55,6 +56,7 @@ __all__ = [
     "LAUNCHER_MODULE",
     "exit_code",
     "job_checkpoint_folder",
+    "latest_checkpoint_reported",
     "node_command",
     "chain_of",
     "read_termination_message",
@@ -151,6 +153,19 @@ EVENT_PROGRESS = "progress"  # every log_every steps: loss, samples/s, ...
 EVENT_EVAL = "eval"  # evaluation metrics
 EVENT_CHECKPOINT = "checkpoint"  # a checkpoint landed completely: uri, num_bytes, seconds
 EVENT_DONE = "done"  # the last record of a successful run: eval, checkpoint
+
+
+def latest_checkpoint_reported(event: str, values: Mapping[str, Any]) -> str | None:
+    """The URI of the latest complete checkpoint a record names (its step is the record's), if it names one: a
+    `checkpoint` record's `uri`; a `done` record's `last_checkpoint`, else its `checkpoint` (with evaluation.keep_best
+    a done record's `checkpoint` is its result's, the best eval's, which may be an earlier step)."""
+    if event == EVENT_CHECKPOINT:
+        uri = values.get("uri")
+    elif event == EVENT_DONE:
+        uri = values.get("last_checkpoint") or values.get("checkpoint")
+    else:
+        return None
+    return uri if isinstance(uri, str) else None
 
 # ---- checkpoint layout --------------------------------------------------------------------------------------
 CHECKPOINT_MARKER = "COMPLETE"  # written last, by rank 0, once every rank's part is stored

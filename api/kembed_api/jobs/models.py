@@ -61,7 +61,9 @@ class Job(_HeldColumns, Base):
     total_steps: Mapped[int] = mapped_column(Integer, default=0)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
-    checkpoint_uri: Mapped[str | None] = mapped_column(Text, default=None)
+    # The latest complete checkpoint its trainers reported (a `step-N` folder) and its step; not the spec's
+    # trainer.checkpoint.uri, which is the folder they all go in.
+    latest_checkpoint_uri: Mapped[str | None] = mapped_column(Text, default=None)
     checkpoint_step: Mapped[int | None] = mapped_column(Integer, default=None)
     # Storage the job takes (kembed_api.storage_use): its checkpoint folder after its latest save and pruning, as
     # its trainer counted it; its logs on this server (local backend).

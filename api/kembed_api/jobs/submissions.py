@@ -279,7 +279,7 @@ def _new_job(spec: JobSpec, *, tenant: Row, storage: PlatformStorage, now: datet
         message="waiting for admission",
         cancel_requested=False, restart_count=0, created_at=now, admitted_at=None, started_at=None,
         finished_at=None, step=0, total_steps=spec.trainer.training.steps or 0, metrics={},
-        checkpoint_uri=None, checkpoint_step=None, dataset=None, backend_state={}, report_token_hash=None,
+        latest_checkpoint_uri=None, checkpoint_step=None, dataset=None, backend_state={}, report_token_hash=None,
         report_seqs={}, checkpoint_bytes=0, log_bytes=0, run_seconds=0.0, running_since=None,
     ), spec=spec)
 
