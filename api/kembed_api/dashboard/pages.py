@@ -24,7 +24,7 @@ from kembed_api.auth.roles import Action, Role, allowed
 from kembed_api.dashboard import sessions
 from kembed_api.deps import Principal, session_principal
 from kembed_api.jobs import errors, reads
-from kembed_contract import lifecycle
+from kembed_contract import lifecycle, runtime
 from kembed_contract.quota import QuotaSpec
 
 __all__ = ["HOME", "QUOTA_DIMENSIONS", "STATIC_DIR", "router"]
@@ -190,7 +190,10 @@ async def job_page(request: Request, job_id: str) -> Response:
         return _to_sign_in()
     if len(job_id) > 63 or not await run_in_threadpool(_job_exists, request, principal, job_id):
         return _not_found(request, principal, f"job {job_id}")
-    return _render(request, "job.html", principal, page="job", job_id=job_id)
+    # What the job's checkpoint folder is when its spec named none (one rule, kembed_contract.runtime's): "Submit
+    # again" gives the new job a folder of its own unless the old one named its own.
+    default_folder = runtime.job_checkpoint_folder(request.app.state.storage.own_folder(principal.tenant.name), job_id)
+    return _render(request, "job.html", principal, page="job", job_id=job_id, default_checkpoint_folder=default_folder)
 
 
 @router.get(f"{HOME}/tokens", response_class=HTMLResponse)

@@ -482,8 +482,11 @@
       again.addEventListener("click", async () => {
         if (!job) return;
         const spec = structuredClone(job.spec);
-        // The default checkpoint folder is the old job's own: the new job gets its own unless one was named.
-        if (spec.trainer.checkpoint && (spec.trainer.checkpoint.uri || "").endsWith(`/${job.id}`)) spec.trainer.checkpoint.uri = null;
+        // The old job's default checkpoint folder (served with the page) is its own: the new job gets its own
+        // default unless the old one named a folder.
+        if (spec.trainer.checkpoint && spec.trainer.checkpoint.uri === body.dataset.defaultCheckpointFolder) {
+          spec.trainer.checkpoint.uri = null;
+        }
         again.disabled = true;
         try {
           const created = await api("/v1/jobs", { method: "POST", json: spec });
