@@ -164,7 +164,7 @@ def status(job_id: str, server: ServerOption = "http://127.0.0.1:8080") -> None:
         console.print("result     " + ", ".join(f"{k}={fmt(v)}" for k, v in job["result"].items()))
     if job.get("dataset"):
         console.print("dataset    " + ", ".join(f"{k}={v:,}" for k, v in job["dataset"].items()))
-    console.print(f"checkpoint {job['checkpoint'] or '-'}")
+    console.print(f"latest checkpoint {job['latest_checkpoint_uri'] or '-'}")
     events = Table("TIME", "STATE", "REASON", "MESSAGE", title="events")
     for event in job["events"]:
         events.add_row(event["time"][:19].replace("T", " "), styled_state(event["state"]), event["reason"],
@@ -221,7 +221,7 @@ def _print_outcome(job: dict[str, Any]) -> None:
     console.print(f"\nfinal state: {styled_state(job['state'])} ({job['reason']})")
     for name, value in (job["result"] or {}).items():
         console.print(f"eval {name}: [bold]{fmt(value)}[/bold]")
-    console.print(f"checkpoint: {job['checkpoint'] or '-'}")
+    console.print(f"latest checkpoint: {job['latest_checkpoint_uri'] or '-'}")
 
 
 def exit_with(job: dict[str, Any]) -> None:
