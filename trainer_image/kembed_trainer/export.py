@@ -28,14 +28,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from kembed_contract import runtime
+from kembed_contract import kinds, runtime
 from kembed_trainer import dcp_read, delta, embedding, row_index
 from kembed_trainer.data.table import hash_string
 
 __all__ = ["FORMATS", "SUFFIXES", "ExportError", "TableRows", "neighbours", "read_table", "write"]
 
-FORMATS = tuple(runtime.EXPORT_FORMATS)
-SUFFIXES = runtime.EXPORT_FORMATS
+FORMATS = tuple(kinds.EXPORT_FORMATS)
+SUFFIXES = kinds.EXPORT_FORMATS
 _CHUNK_ROWS = 8192
 
 
