@@ -34,7 +34,7 @@ MAX_NAME = 256  # a column, feature or table name
 # validated. Far past real models: a CTR model on Criteo's log has 26 features; production CTR models have hundreds.
 MAX_TABLES = 512
 MAX_FEATURES_PER_TABLE = 256
-MAX_FEATURES = 1024  # over all tables (and so over data.sparse and the two towers)
+MAX_FEATURES = 1024  # over all tables (and so over data.sparse and a model's feature lists)
 
 
 def _numbers_only(value: object) -> object:

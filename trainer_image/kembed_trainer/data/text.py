@@ -152,3 +152,9 @@ class TextData:
             lengths=torch.ones(2 * n, dtype=torch.int64),
             labels=labels.flatten(),
         )
+
+
+def build(cfg: config.TrainerConfig, *, rank: int, world_size: int, guard: Guard) -> TextData:
+    """The source of `cfg.data` (the data registry's entry, kembed_trainer.kinds)."""
+    return TextData(cfg.data, tables=cfg.embeddings.tables, seed=cfg.training.seed,
+                    batch_size=cfg.training.batch_size, rank=rank, world_size=world_size, guard=guard)

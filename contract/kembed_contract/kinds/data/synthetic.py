@@ -13,12 +13,12 @@ from kembed_contract.kinds.base import BYTES_PER_FLOAT, BYTES_PER_ID, DataKind
 if TYPE_CHECKING:
     from kembed_contract.trainer_config import TrainerConfig
 
-__all__ = ["KIND", "SyntheticDataConfig"]
+__all__ = ["EVAL_CHUNK", "KIND", "SyntheticDataConfig"]
 
 # The generator's per-id tables for each feature: a float64 CDF, an int64 scramble, a float32 score and a
-# float32 factor of 4 (kembed_trainer.data.synthetic); and the held-out samples it generates at a time.
+# float32 factor of 4 (kembed_trainer.data.synthetic).
 _BYTES_PER_ID = 8 + 8 + 4 + 4 * 4
-_EVAL_CHUNK = 2048
+EVAL_CHUNK = 2048  # held-out samples per eval batch: a fixed size, so the eval set is the same at any world size
 
 
 class SyntheticDataConfig(DataKind):
@@ -58,7 +58,7 @@ class SyntheticDataConfig(DataKind):
     def eval_bytes(self, cfg: TrainerConfig, *, width: int, ids_per_feature: int) -> int:
         """One chunk of held-out samples' ids and their pooled vectors."""
         num_features = len(cfg.embeddings.features)
-        return _EVAL_CHUNK * num_features * ids_per_feature * (BYTES_PER_ID + width * BYTES_PER_FLOAT)
+        return EVAL_CHUNK * num_features * ids_per_feature * (BYTES_PER_ID + width * BYTES_PER_FLOAT)
 
 
 KIND = SyntheticDataConfig

@@ -1,5 +1,5 @@
 """`plain` tables: every row and its sparse-optimizer state in memory, replicated on every rank or sharded
-row-wise across them (docs/trainer.md#plain-tables). Its trainer half: `kembed_trainer.tables.plain`."""
+row-wise across them (docs/trainer.md#plain). Its trainer half: `kembed_trainer.tables.plain`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class PlainTables(TableKind):
 
     name: ClassVar[str] = "plain"
     default: ClassVar[bool] = True
-    docs: ClassVar[str] = "trainer.md#plain-tables"
+    docs: ClassVar[str] = "trainer.md#plain"
 
     @classmethod
     def memory_bytes(cls, table: TableConfig, cfg: TrainerConfig, *, world_size: int) -> float:
