@@ -46,7 +46,6 @@ __all__ = [
     "EXIT_OK",
     "EVAL_SCORE_CHUNK_BYTES",
     "EXIT_OUT_OF_MEMORY",
-    "EXPORT_FORMATS",
     "EXIT_REASONS",
     "EXIT_STOPPED",
     "EXIT_STORAGE_QUOTA",
@@ -257,12 +256,9 @@ def steps_needed(steps: Iterable[int], markers: Mapping[int, CheckpointMarker]) 
     return needed
 
 
-# ---- exports: format -> file suffix (kembed_trainer.export writes them; the API and the CLI offer them) --------
-EXPORT_FORMATS = {"parquet": ".parquet", "word2vec-text": ".txt", "word2vec-binary": ".bin", "numpy": ".npy"}
-
 # ---- evaluation's working memory (kembed_trainer.metrics; the API's memory estimate counts it) --------------
 # The most an evaluation holds of a queries x candidates score matrix at once (recall@k's positives x items,
-# word2vec's analogy questions x vocabulary), in bytes of float32 scores; the whole matrix at 200,000 items would
+# analogy questions x vocabulary), in bytes of float32 scores; the whole matrix at 200,000 items would
 # be tens of GB.
 EVAL_SCORE_CHUNK_BYTES = 64 * 2**20
 

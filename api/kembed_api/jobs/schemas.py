@@ -46,8 +46,8 @@ class JobRead(BaseModel):
         json_schema_extra={
             "examples": [
                 {
-                    "id": "ctr-dlrm-x7k2p",
-                    "name": "ctr-dlrm",
+                    "id": "ctr-clicks-x7k2p",
+                    "name": "ctr-clicks",
                     "tenant": "default",
                     "state": "RUNNING",
                     "reason": "Started",
