@@ -13,8 +13,8 @@ through this module instead:
 - non-tensor values (the optimizer's param groups) with `torch.load(weights_only=True)`, as DCP already reads
   tensor data.
 
-The allow-list is what real checkpoints of every model kind hold (listed from saved DLRM, two-tower and word2vec
-checkpoints, full and incremental, one and two ranks); the trainer's export and resume tests read them all
+The allow-list is what real checkpoints of every model kind hold (listed from saved checkpoints of each kind,
+full and incremental, one and two ranks); the trainer's export and resume tests read them all
 through it.
 """
 

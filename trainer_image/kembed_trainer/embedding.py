@@ -23,15 +23,17 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
+from kembed_contract import kinds
 from kembed_contract import trainer_config as config
 from kembed_trainer import delta, hugepages, pooling, sharding, sparse_optim
+from kembed_trainer import kinds as trainer_kinds
 from kembed_trainer.data.batch import Batch
 
-__all__ = ["EmbeddingCollection", "hash_rows"]
+__all__ = ["EmbeddingCollection", "Group", "hash_rows"]
 
 
-class _Group:
-    """The tables of one width: replicated ones stacked in `weight`, this rank's rows of sharded ones in `shard`.
+class Group:
+    """The tables of one width held in memory (the plain table kind's group, `kembed_trainer.tables.plain`): replicated ones stacked in `weight`, this rank's rows of sharded ones in `shard`.
 
     Rows are addressed by a virtual index over all tables of the group stacked whole (`table_starts`), which is
     what ids map to, what admission counts, and the same at any world size. Replicated tables come first in
@@ -98,7 +100,7 @@ class _Group:
         self.weight = hugepages.empty(sum(repl_sizes), self.dim, device=device)
         for i, t in enumerate(tables):
             if not sharded[i]:
-                # DLRM's init: small enough that the dot interaction starts near zero for big tables.
+                # Naumov et al.'s init (2019): small enough that a dot interaction starts near zero for big tables.
                 lo = int(self.repl_starts[i])
                 self.weight[lo : lo + t.num_embeddings].uniform_(-_bound(t), _bound(t), generator=gen)
         # Sharded tables: this rank's rows, initialised the same whatever the world size.
@@ -210,14 +212,15 @@ class EmbeddingCollection:
         rank: int = 0,
     ) -> None:
         gen = torch.Generator(device=device).manual_seed(seed)
-        by_dim: dict[int, list[config.TableConfig]] = {}
+        # One group per width and table kind, each held as its kind holds tables (kembed_trainer.tables).
+        by_group: dict[tuple[str, int], list[config.TableConfig]] = {}
         for t in emb_cfg.ordered_tables:
-            by_dim.setdefault(t.embedding_dim, []).append(t)
+            by_group.setdefault((kinds.table_kind(t).kind_name(), t.embedding_dim), []).append(t)
         self.groups, first = [], 0
-        for tables in by_dim.values():
+        for tables in by_group.values():
             sharded = [emb_cfg.is_sharded(t) for t in tables]
             self.groups.append(
-                _Group(
+                trainer_kinds.table(tables[0]).group(
                     tables,
                     sharded,
                     device=device,
@@ -237,7 +240,7 @@ class EmbeddingCollection:
         self.world_size = world_size
         self.device = device
         self.num_features = sum(len(g.features) for g in self.groups)
-        self._pending: list[tuple[_Group, _Touched, torch.Tensor, torch.Tensor | None]] = []
+        self._pending: list[tuple[Group, _Touched, torch.Tensor, torch.Tensor | None]] = []
         self.last_unique_rows = 0
 
     @property
@@ -310,7 +313,7 @@ class EmbeddingCollection:
                              average=False)
         self._pending = []
 
-    def _update(self, g: _Group, weight, state, changed, rows, grad, table_of, step: int, *, average: bool) -> None:
+    def _update(self, g: Group, weight, state, changed, rows, grad, table_of, step: int, *, average: bool) -> None:
         if average and self.world_size > 1:
             rows, grad = _average_across_ranks(rows, grad, self.world_size)
         if rows.numel():

@@ -25,7 +25,7 @@ from kembed_trainer.data.batch import Batch
 from kembed_trainer.data.rows import hash_string
 from kembed_trainer.storage import Guard
 
-__all__ = ["TableData", "hash_string"]
+__all__ = ["TableData", "build", "hash_string"]
 
 _EVAL_CHUNK = 2048
 _PREFETCH_WINDOWS = 1  # windows queued ahead, besides the one being read and the one being trained on
@@ -259,3 +259,9 @@ class _Windows:
                 converted = converted.take(np.flatnonzero(self.data._train_mask(unit)))
             self._unit = (index, converted)
         return self._unit[1]
+
+
+def build(cfg: config.TrainerConfig, *, rank: int, world_size: int, guard: Guard) -> TableData:
+    """The source of `cfg.data` (the data registry's entry, kembed_trainer.kinds)."""
+    return TableData(cfg.data, tables=cfg.embeddings.tables, seed=cfg.training.seed,
+                     batch_size=cfg.training.batch_size, rank=rank, world_size=world_size, guard=guard)

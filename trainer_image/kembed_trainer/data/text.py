@@ -1,9 +1,9 @@
-"""A text corpus (one sentence per line) for word2vec.
+"""A text corpus (one sentence per line) for word vectors.
 
 The vocabulary is built from the training sentences on every rank alike (most frequent first), so rows mean the
 same word everywhere. Training reads the rank's sentences in order, `batch_size` words per step (whole
 sentences: a sentence belongs to the step its first word falls in), one epoch after another; the compiled
-trainer (`kembed_trainer.word2vec_sgd`) draws windows, subsamples frequent words and draws noise words with
+trainer (the model kind's compiled step) draws windows, subsamples frequent words and draws noise words with
 the tables made here. A step's sentences are a function of the step alone, so a resume needs no data state.
 
 Eval batches are (center, context) pairs of held-out sentences, each followed by `negatives` noise pairs
@@ -152,3 +152,9 @@ class TextData:
             lengths=torch.ones(2 * n, dtype=torch.int64),
             labels=labels.flatten(),
         )
+
+
+def build(cfg: config.TrainerConfig, *, rank: int, world_size: int, guard: Guard) -> TextData:
+    """The source of `cfg.data` (the data registry's entry, kembed_trainer.kinds)."""
+    return TextData(cfg.data, tables=cfg.embeddings.tables, seed=cfg.training.seed,
+                    batch_size=cfg.training.batch_size, rank=rank, world_size=world_size, guard=guard)

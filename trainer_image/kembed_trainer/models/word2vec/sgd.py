@@ -23,9 +23,11 @@ import torch
 import torch.distributed as dist
 
 from kembed_contract import trainer_config as config
-from kembed_trainer import embedding, sgns_kernel, sparse_optim
+from kembed_contract.kinds.models.word2vec import CENTER, CONTEXT
+from kembed_trainer import embedding, sparse_optim
 from kembed_trainer.data import text
 from kembed_trainer.data.synthetic import _generator
+from kembed_trainer.models.word2vec import sgns_kernel
 
 __all__ = ["SkipGramSGD"]
 
@@ -48,9 +50,9 @@ class SkipGramSGD:
         self.weight = group.weight  # the two tables stacked: what ranks reconcile
         by_feature = {f: i for i, t in enumerate(group.tables) for f in t.features}
         tables = {f: group.tables[i] for f, i in by_feature.items()}
-        self.center = self.weight[group.table_slices(by_feature["center"])].numpy()
-        self.context = self.weight[group.table_slices(by_feature["context"])].numpy()
-        self.lr_scale = (tables["center"].lr_scale, tables["context"].lr_scale)
+        self.center = self.weight[group.table_slices(by_feature[CENTER])].numpy()
+        self.context = self.weight[group.table_slices(by_feature[CONTEXT])].numpy()
+        self.lr_scale = (tables[CENTER].lr_scale, tables[CONTEXT].lr_scale)
         self.tokens = data.train.tokens.numpy()
         self.offsets = data.train.offsets.numpy()
         # Kernel forms of the data's distributions: keep when keep >= a uniform uint32; noise by bisection.
