@@ -14,7 +14,7 @@ import signal
 import sys
 
 from kembed_trainer import __main__ as trainer_main
-from kembed_trainer.data import plan, table
+from kembed_trainer.data import table
 
 
 def _install() -> None:
@@ -28,7 +28,7 @@ def _install() -> None:
     def train_batch(self, step):
         if step == kill_at and rank == kill_rank:
             os.kill(os.getpid(), signal.SIGKILL)
-        epoch = plan.segment_at(self.segment, step, world_size=self.world_size, num_rows=self.num_rows).epoch
+        epoch = self.stream.epoch_at(step)
         batch = original(self, step)
         with open(path, "a") as f:
             f.write(json.dumps({"step": step, "epoch": epoch, "ids": batch.values.tolist()}) + "\n")
