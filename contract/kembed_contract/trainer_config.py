@@ -302,8 +302,8 @@ class TextDataConfig(_Strict):
     """A tokenised corpus for word2vec: one sentence per line, tokens separated by whitespace.
 
     Text without spaces between words (Chinese, Japanese) can be split per character with `tokenizer: chars`.
-    The vocabulary is built from the corpus: words seen at least `min_count` times, the most frequent first,
-    at most the tables' num_embeddings.
+    The vocabulary is built from the corpus in one streaming pass: words seen at least `min_count` times, the most
+    frequent first, at most the tables' num_embeddings. Training streams the sentences (never held whole).
     """
 
     kind: Literal["text"] = "text"
@@ -318,6 +318,12 @@ class TextDataConfig(_Strict):
     eval_fraction: Fraction = Field(
         0.01, description="Sentences held out for the eval loss/AUC of true vs noise pairs."
     )
+    shuffle_buffer: _int(1, 1 << 30) = Field(
+        1 << 22, description="Words shuffled together: each epoch orders the corpus's blocks of lines anew, then "
+        "permutes the sentences of each window of about this many words. Memory: about three windows of words.")
+    max_vocab_size: _int(2, MAX_INT32) = Field(
+        4_000_000, description="Distinct words the vocabulary pass counts at most (gensim's max_vocab_size): past "
+        "it the rarest are dropped, those seen once first, and counting goes on. Memory: about 100 bytes a word.")
 
     @property
     def num_dense(self) -> int:
