@@ -3,7 +3,8 @@
 One estimate, one place: the answer's `estimates`, the check at submission against `resources.memory_per_node`
 and the local backend's check against this machine all read `memory_per_rank`. It counts what grows with the
 config (tables, optimizer state, dense model, a step's batch, an eval's gathered scores, synthetic data's per-id
-tables, table data's shuffle windows: never the data's own size, as it is streamed), not the interpreter and libraries every rank also loads (`_BASELINE_BYTES`).
+tables, table and text data's shuffle windows, text data's vocabulary counts: never the data's own size, as it is
+streamed), not the interpreter and libraries every rank also loads (`_BASELINE_BYTES`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class MemoryEstimate:
 
 
 _TABLE_WINDOWS = 3
+# A word counted by text data's vocabulary pass: its string, the counter's entry and count (about 100 bytes
+# measured for short words), with room for the dict's growth.
+_BYTES_PER_COUNTED_WORD = 128
 
 
 def _gib(num_bytes: float) -> str:
@@ -153,6 +157,11 @@ def memory_per_rank(trainer: TrainerConfig, *, world_size: int = 1) -> MemoryEst
         # int64 value and offset.
         row = (trainer.data.num_dense + 1) * _BYTES_PER_FLOAT + num_features * hot * _BYTES_PER_ID * 2
         data_bytes = _TABLE_WINDOWS * trainer.data.shuffle_buffer * row
+    elif trainer.data.kind == "text":
+        # Text data is streamed too: three shuffle windows of word ids (each with its permuted copy), and while
+        # the vocabulary pass runs, its counts of at most max_vocab_size words.
+        data_bytes = _TABLE_WINDOWS * trainer.data.shuffle_buffer * _BYTES_PER_ID * 2
+        data_bytes += trainer.data.max_vocab_size * _BYTES_PER_COUNTED_WORD
 
     return MemoryEstimate(
         tables=table_memory_bytes_per_rank(trainer, world_size=world_size),
