@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from kembed_contract.trainer_config import TableConfig, TrainerConfig
 
 __all__ = [
-    "BYTES_PER_FLOAT", "BYTES_PER_ID", "CLICKS", "CLICKS_DEFAULTS", "RATINGS", "ROWS", "SENTENCES", "DataKind",
-    "ModelKind", "TableKind",
+    "BYTES_PER_FLOAT", "BYTES_PER_ID", "CLICKS", "CLICKS_DEFAULTS", "RATINGS", "ROWS", "SENTENCES", "STREAM_WINDOWS",
+    "DataKind", "ModelKind", "TableKind",
 ]
 
 # What data yields and a model trains on (DataKind.yields, ModelKind.trains_on): they must agree.
@@ -33,6 +33,9 @@ RATINGS = "ratings"  # real-valued labels: rmse, mae
 
 BYTES_PER_FLOAT = 4
 BYTES_PER_ID = 8  # ids are int64
+# Streamed data holds about three of its shuffle windows at once: the one trained on, the next being read and its
+# permuted copy (kembed_trainer.data.stream).
+STREAM_WINDOWS = 3
 
 CLICKS_DEFAULTS: Mapping[str, object] = {"training.epochs": 1}
 """The fields' own defaults (row-wise Adagrad at 0.05, Adam at 1e-3, dim 16, batch 256) and one pass over the

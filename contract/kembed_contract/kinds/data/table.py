@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import Field
 
 from kembed_contract.fields import MAX_FEATURES, Fraction, Name, OptionalReadUri, ReadUri, bounded_int
-from kembed_contract.kinds.base import BYTES_PER_FLOAT, BYTES_PER_ID, DataKind
+from kembed_contract.kinds.base import BYTES_PER_FLOAT, BYTES_PER_ID, STREAM_WINDOWS, DataKind
 
 if TYPE_CHECKING:
     from kembed_contract.trainer_config import TrainerConfig
@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 __all__ = ["KIND", "TableDataConfig"]
 
 # The reader holds shuffle windows: one being read, one queued, one being trained on (kembed_trainer.data.table).
-_WINDOWS = 3
 
 
 class TableDataConfig(DataKind):
@@ -66,7 +65,7 @@ class TableDataConfig(DataKind):
         tell)."""
         num_features = len(cfg.embeddings.features)
         row = (self.num_dense + 1) * BYTES_PER_FLOAT + num_features * ids_per_feature * BYTES_PER_ID * 2
-        return _WINDOWS * self.shuffle_buffer * row
+        return STREAM_WINDOWS * self.shuffle_buffer * row
 
 
 KIND = TableDataConfig

@@ -53,8 +53,8 @@ class SkipGramSGD:
         self.center = self.weight[group.table_slices(by_feature[CENTER])].numpy()
         self.context = self.weight[group.table_slices(by_feature[CONTEXT])].numpy()
         self.lr_scale = (tables[CENTER].lr_scale, tables[CONTEXT].lr_scale)
-        self.tokens = data.train.tokens.numpy()
-        self.offsets = data.train.offsets.numpy()
+        # The step's sentences (data.train_sentences): word ids, and where each sentence starts.
+        self.tokens, self.offsets = np.zeros(0, np.int64), np.zeros(1, np.int64)
         # Kernel forms of the data's distributions: keep when keep >= a uniform uint32; noise by bisection.
         self.keep = np.minimum(data.keep_prob.numpy() * 2.0**32, 2.0**32 - 1).astype(np.uint32)
         cdf = data.noise_cdf.numpy()
@@ -85,7 +85,8 @@ class SkipGramSGD:
 
     def step(self, step: int) -> torch.Tensor:
         """Train on the step's sentences; the mean loss per (center, target) sample of this rank."""
-        first, last = self.data.train_sentences(step)
+        self.tokens, self.offsets = self.data.train_sentences(step)
+        first, last = 0, len(self.offsets) - 1
         lr_first = sparse_optim.learning_rate(self.opt, step, self.total_steps)
         lr_last = sparse_optim.learning_rate(self.opt, step + 1, self.total_steps)
         if self._before is not None:
