@@ -110,8 +110,8 @@ class Trainer:
         if self.cfg.training.epochs is not None and hasattr(self.data, "total_steps"):
             # Streamed data knows where its epochs end from its position (a resume at another world size moves it).
             self.total_steps = self.data.total_steps(self.cfg.training.epochs, self.step)
-            if self.skipgram:
-                self.skipgram.total_steps = self.total_steps  # its learning rate falls to the new end
+            if self.compiled:
+                self.compiled.total_steps = self.total_steps  # a compiled step's learning rate falls to the new end
         total = self.total_steps
         self.reporter.emit(
             runtime.EVENT_STARTED,

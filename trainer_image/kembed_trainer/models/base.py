@@ -60,6 +60,9 @@ class Evaluator(Protocol):
 class CompiledStep(Protocol):
     """A kind that trains outside the batch/autograd loop: one step, its mean loss."""
 
+    total_steps: int
+    """Where its learning rate schedule ends: set again when streamed data's resume moves the end."""
+
     def step(self, step: int) -> torch.Tensor: ...
 
     def close(self) -> None: ...
