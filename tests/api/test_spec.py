@@ -89,10 +89,10 @@ def test_a_spec_with_only_data_and_kind_is_stored_and_estimated_with_its_kinds_d
     bigger = JobSpec.model_validate({**spec, "trainer": {**spec["trainer"], "training": {"batch_size": 100_000}}})
     assert memory_per_rank(bigger.trainer).total > memory_per_rank(trainer).total  # the batch counts, as given
     # The corpus is streamed: what its reader holds is bounded by the config (windows, the vocabulary pass's counts).
-    bounded = {**spec["trainer"]["data"], "shuffle_buffer": 1 << 20, "max_vocab_size": 100_000}
+    bounded = {**spec["trainer"]["data"], "shuffle_buffer": 1 << 18, "max_vocab_size": 100_000}
     smaller = JobSpec.model_validate({**spec, "trainer": {**spec["trainer"], "data": bounded}}).trainer
     assert memory_per_rank(trainer).data - memory_per_rank(smaller).data == (
-        3 * ((1 << 22) - (1 << 20)) * 16 + (4_000_000 - 100_000) * 128)
+        3 * ((1 << 20) - (1 << 18)) * 16 + (4_000_000 - 100_000) * 128)
 
 
 def test_the_memory_estimate_counts_what_evaluation_holds():

@@ -141,10 +141,9 @@ def test_the_vocabulary_is_the_one_the_in_memory_reader_built(tmp_path, monkeypa
 
 def test_the_vocabulary_pass_keeps_at_most_max_vocab_size_words(tmp_path, monkeypatch):
     """A corpus of a few frequent words and thousands seen once: with a small bound the counter drops the rare ones
-    as it goes, never holding more than the bound after a chunk of lines, and the frequent words still make the
+    as it goes, never holding more than the bound after a block, and the frequent words still make the
     vocabulary."""
-    monkeypatch.setattr(text, "_LINES_PER_CHUNK", 50)
-    monkeypatch.setattr(text, "TEXT_BLOCK_BYTES", 4096)  # a count of the counter's size after each block
+    monkeypatch.setattr(text, "TEXT_BLOCK_BYTES", 1024)  # the counter's size seen after each block
     rng = np.random.default_rng(2)
     frequent = [f"f{i}" for i in range(20)]
     lines = [" ".join([*rng.choice(frequent, 6), f"rare{i}"]) for i in range(3000)]
@@ -152,10 +151,9 @@ def test_the_vocabulary_pass_keeps_at_most_max_vocab_size_words(tmp_path, monkey
     sizes = []
     original = text._WordCounts.add
 
-    def add(self, sentences):
-        out = original(self, sentences)
+    def add(self, tokens):
+        original(self, tokens)
         sizes.append(len(self.counts))
-        return out
 
     monkeypatch.setattr(text._WordCounts, "add", add)
     data = text_data(tmp_path / "corpus.txt", 0, 1, max_vocab_size=100, min_count=2, eval_fraction=0)

@@ -23,8 +23,8 @@ at a space. Held out for eval: the lines whose number among the corpus's lines w
 order) hashes below `eval_fraction`, the same lines on every run, at any world size, as the in-memory reader held
 out before.
 
-Vocabulary: the counts of the training sentences' words, at most `max_vocab_size` distinct words between chunks
-of lines: past it, the words seen at most once are dropped, then (at the next overflow) at most twice, and so
+Vocabulary: the counts of the training sentences' words, at most `max_vocab_size` distinct words after each block
+(a block adds at most its own distinct words): past it, the words seen at most once are dropped, then (at the next overflow) at most twice, and so
 on, as gensim's max_vocab_size does; a dropped word counts again from 0. Below the bound the counts are exact.
 Words seen at least `min_count` times, by count then code points, the first `num_embeddings` of them.
 
@@ -43,6 +43,8 @@ import itertools
 import math
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from kembed_contract import trainer_config as config
@@ -54,15 +56,16 @@ from kembed_trainer.storage import Guard
 
 __all__ = ["MAX_SENTENCE_WORDS", "TEXT_BLOCK_BYTES", "TextData", "build", "tokenize"]
 
-TEXT_BLOCK_BYTES = 8 << 20
+TEXT_BLOCK_BYTES = 4 << 20
 MAX_SENTENCE_WORDS = 10_000
-_LINES_PER_CHUNK = 8192  # lines tokenised at once: a bound on the token lists in memory
+_NEWLINE = b"\n"
 _EVAL_SAMPLE_CHARS = 4 << 20
 _EVAL_CHUNKS, _EVAL_PAIRS = 4, 1024
 _WHERE = "data.uri"
 
 
 def tokenize(line: str, tokenizer: str) -> list[str]:
+    """A line's tokens, in Python: what the blocks' Arrow kernels (`_sentences`) give, one line at a time."""
     if tokenizer == "chars":  # scripts written without spaces: each character is a token
         return list("".join(line.split()))
     return line.split()
@@ -82,47 +85,83 @@ class Block:
         return f"{self.uri} lines {self.first_line}..{self.first_line + max(num_lines, 1) - 1}"
 
 
-def _lines(data: bytes, uri: str, first_line: int) -> list[str]:
-    """A block's lines, split as Python's text files split them (`\\n`, `\\r\\n` or `\\r`)."""
+@dataclasses.dataclass
+class _Sentences:
+    """A block's sentences (its lines with a token): their text, their tokens laid end to end, and how many each."""
+
+    lines: pa.StringArray
+    tokens: pa.StringArray
+    lengths: np.ndarray  # int64, tokens per sentence
+
+    def select(self, mask: np.ndarray) -> _Sentences:
+        return _Sentences(self.lines.filter(pa.array(mask)), self.tokens.filter(pa.array(np.repeat(mask, self.lengths))),
+                          self.lengths[mask])
+
+
+def _sentences(data: bytes, uri: str, first_line: int, tokenizer: str) -> _Sentences:
+    """A block's sentences, split into lines as Python's text files split them (`\\n`, `\\r\\n` or `\\r`) and into
+    tokens as `tokenize` does, by Arrow's kernels (their whitespace is Python's), which hold no GIL and touch each
+    token in C++, not in Python, while training runs."""
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:  # its message quotes the bytes: name the file and the line only
-        line = first_line + data.count(b"\n", 0, error.start)
-        raise ValueError(f"{_WHERE}: {uri} line {line} is not UTF-8 text") from None
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return text.split("\n")
+        text = pa.array([data], pa.binary()).cast(pa.string())  # checks the UTF-8
+    except pa.ArrowInvalid:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as error:  # its message quotes the bytes: name the file and the line only
+            line = first_line + data.count(b"\n", 0, error.start)
+            raise ValueError(f"{_WHERE}: {uri} line {line} is not UTF-8 text") from None
+        raise
+    if b"\r" in data:
+        text = pc.replace_substring(pc.replace_substring(text, "\r\n", "\n"), "\r", "\n")
+    lines = pc.split_pattern(text, "\n").flatten()
+    words = pc.utf8_split_whitespace(lines)  # one split per whitespace character: runs leave empty tokens
+    flat = words.flatten()
+    real = pc.greater(pc.binary_length(flat), 0).to_numpy(zero_copy_only=False)
+    known = np.concatenate([[0], np.cumsum(real)])
+    bounds = words.offsets.to_numpy()
+    per_line = known[bounds[1:]] - known[bounds[:-1]]
+    has_token = per_line > 0
+    tokens, lengths = flat.filter(pa.array(real)), per_line[has_token]
+    if tokenizer == "chars":  # scripts written without spaces: each character is a token
+        tokens, lengths = _characters(tokens, lengths)
+    return _Sentences(lines.filter(pa.array(has_token)), tokens, lengths.astype(np.int64))
 
 
-def _sentences(lines: list[str]) -> list[str]:
-    return [line for line in lines if line and not line.isspace()]
+def _characters(tokens: pa.StringArray, lengths: np.ndarray) -> tuple[pa.StringArray, np.ndarray]:
+    """The tokens' characters as tokens (a UTF-8 character starts at every byte that is not 10xxxxxx), and how
+    many each sentence has."""
+    if len(tokens) == 0:
+        return tokens, lengths
+    offsets = np.frombuffer(tokens.buffers()[1], np.int32)[tokens.offset : tokens.offset + len(tokens) + 1]
+    data = tokens.buffers()[2]
+    body = np.frombuffer(data, np.uint8)[offsets[0] : offsets[-1]]
+    starts = (offsets[0] + np.flatnonzero((body & 0xC0) != 0x80)).astype(np.int32)
+    chars = pa.StringArray.from_buffers(len(starts), pa.py_buffer(np.append(starts, offsets[-1])), data)
+    per_token = np.searchsorted(starts, offsets)  # characters before each token's start
+    sentence_ends = per_token[np.cumsum(lengths)]
+    return chars, np.diff(np.concatenate([[0], sentence_ends]))
 
 
-def _pieces(num_tokens: int) -> int:
-    """The sentences a line of `num_tokens` tokens trains as: MAX_SENTENCE_WORDS tokens each, the last the rest,
+def _pieces(lengths: np.ndarray) -> np.ndarray:
+    """How many sentences lines of these many tokens train as: MAX_SENTENCE_WORDS tokens each, the last the rest,
     those of fewer than two tokens left out (they hold no pair)."""
-    return num_tokens // MAX_SENTENCE_WORDS + (num_tokens % MAX_SENTENCE_WORDS >= 2)
+    return lengths // MAX_SENTENCE_WORDS + (lengths % MAX_SENTENCE_WORDS >= 2)
 
 
 class _WordCounts:
-    """The training sentences' word counts, at most `limit` distinct words after each chunk of lines."""
+    """The training sentences' word counts, at most `limit` distinct words after each block."""
 
-    def __init__(self, limit: int, tokenizer: str) -> None:
+    def __init__(self, limit: int) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
-        self.limit, self.tokenizer, self.floor = limit, tokenizer, 0
+        self.limit, self.floor = limit, 0
 
-    def add(self, sentences: list[str]) -> int:
-        """Count the sentences' words; how many sentences they train as (long lines are several)."""
-        num = 0
-        for k in range(0, len(sentences), _LINES_PER_CHUNK):
-            tokens = [tokenize(s, self.tokenizer) for s in sentences[k : k + _LINES_PER_CHUNK]]
-            self.counts.update(itertools.chain.from_iterable(tokens))
-            num += sum(_pieces(len(t)) for t in tokens)
-            while len(self.counts) > self.limit:
-                self.floor += 1
-                for word in [w for w, c in self.counts.items() if c <= self.floor]:
-                    del self.counts[word]
-        return num
+    def add(self, tokens: pa.StringArray) -> None:
+        found = pc.value_counts(tokens)  # in C++: Python touches each distinct word once, not each token
+        self.counts.update(dict(zip(found.field(0).to_pylist(), found.field(1).to_pylist(), strict=True)))
+        while len(self.counts) > self.limit:
+            self.floor += 1
+            for word in [w for w, c in self.counts.items() if c <= self.floor]:
+                del self.counts[word]
 
 
 class _HeldOutSample:
@@ -199,7 +238,7 @@ class TextData:
     # ------------------------------------------------------------------------------------------- the pass
     def _scan(self, files: list[str]) -> tuple[_WordCounts, _HeldOutSample]:
         """One pass over the corpus: the blocks and their training sentences, the word counts, held-out lines."""
-        counts = _WordCounts(self.cfg.max_vocab_size, self.cfg.tokenizer)
+        counts = _WordCounts(self.cfg.max_vocab_size)
         held_out = _HeldOutSample(_EVAL_SAMPLE_CHARS)
         self.blocks: list[Block] = []
         train_counts, number, self.num_eval_sentences = [], 0, 0
@@ -210,15 +249,18 @@ class TextData:
                 try:
                     line = 1
                     for offset, data in blocks:
-                        sentences = _sentences(_lines(data, uri, line))
-                        keys = unit_hash(np.arange(number, number + len(sentences), dtype=np.uint64))
+                        sentences = _sentences(data, uri, line, self.cfg.tokenizer)
+                        n = len(sentences.lengths)
+                        keys = unit_hash(np.arange(number, number + n, dtype=np.uint64))
                         held = keys < self.cfg.eval_fraction
-                        train_counts.append(counts.add([s for s, h in zip(sentences, held, strict=True) if not h]))
+                        trained = sentences.select(~held) if held.any() else sentences
+                        counts.add(trained.tokens)
+                        train_counts.append(int(_pieces(trained.lengths).sum()))
                         for i in np.flatnonzero(held).tolist():
-                            held_out.add(float(keys[i]), number + i, sentences[i])
+                            held_out.add(float(keys[i]), number + i, sentences.lines[i].as_py())
                         self.num_eval_sentences += int(held.sum())
-                        self.blocks.append(Block(uri, (offset, offset + len(data)), line, number, len(sentences)))
-                        number += len(sentences)
+                        self.blocks.append(Block(uri, (offset, offset + len(data)), line, number, n))
+                        number += n
                         line += data.count(b"\n")
                 finally:
                     blocks.close()
@@ -229,7 +271,9 @@ class TextData:
     def _eval_corpus(self, held_out: _HeldOutSample) -> _Corpus:
         """The held-out sample, subsampled once as training subsamples its sentences: eval pairs are drawn like
         the pairs the model was trained to tell from noise."""
-        sample = self._sentence_rows(held_out.lines())
+        lines = held_out.lines()
+        sample = self._sentence_rows(_sentences("\n".join(lines).encode(), "", 1, self.cfg.tokenizer)
+                                     if lines else None)
         tokens, offsets = torch.from_numpy(sample.values[0]), sample.offsets[0]
         gen = _generator(self.seed, 7)
         kept = []
@@ -266,27 +310,27 @@ class TextData:
     def _open_units(self) -> _TrainingSentences:
         return _TrainingSentences(self)
 
-    def _sentence_rows(self, lines: list[str]) -> rows.Rows:
-        """The lines' sentences (`_pieces`) as rows of one jagged feature: their in-vocabulary word ids."""
-        lengths, ids = [], []
-        for k in range(0, len(lines), _LINES_PER_CHUNK):
-            tokens = [tokenize(s, self.cfg.tokenizer) for s in lines[k : k + _LINES_PER_CHUNK]]
-            sizes = np.fromiter(map(len, tokens), np.int64, len(tokens))
-            flat = itertools.chain.from_iterable(tokens)
-            ids.append(np.fromiter(map(self.index.get, flat, itertools.repeat(-1)), np.int64, int(sizes.sum())))
-            if len(sizes) and sizes.max() > MAX_SENTENCE_WORDS:
-                sizes = np.concatenate([_cut(int(n)) for n in sizes])
-            lengths.append(sizes)
-        lengths_all = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        ids_all = np.concatenate(ids) if ids else np.zeros(0, np.int64)
-        trained = lengths_all >= 2
-        keep = (ids_all >= 0) & np.repeat(trained, lengths_all)
+    def _sentence_rows(self, sentences: _Sentences | None) -> rows.Rows:
+        """Sentences (`_pieces` of them) as rows of one jagged feature: their in-vocabulary word ids."""
+        if sentences is None or len(sentences.tokens) == 0:
+            return rows.Rows(np.zeros((0, 0), np.float32), np.zeros(0, np.float32), [np.zeros(1, np.int64)],
+                             [np.zeros(0, np.int64)])
+        # Each distinct word of the block looked up once, in Python; the tokens get their ids in NumPy.
+        encoded = pc.dictionary_encode(sentences.tokens)
+        distinct = encoded.dictionary.to_pylist()
+        rows_of = np.fromiter(map(self.index.get, distinct, itertools.repeat(-1)), np.int64, len(distinct))
+        ids = rows_of[encoded.indices.to_numpy(zero_copy_only=False)]
+        lengths = sentences.lengths
+        if lengths.max() > MAX_SENTENCE_WORDS:
+            lengths = np.concatenate([_cut(int(n)) for n in lengths])
+        trained = lengths >= 2
+        keep = (ids >= 0) & np.repeat(trained, lengths)
         known = np.concatenate([[0], np.cumsum(keep)])
-        ends = np.cumsum(lengths_all)[trained]
-        kept = known[ends] - known[ends - lengths_all[trained]]
+        ends = np.cumsum(lengths)[trained]
+        kept = known[ends] - known[ends - lengths[trained]]
         n = len(kept)
         return rows.Rows(np.zeros((n, 0), np.float32), np.zeros(n, np.float32),
-                         [np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)], [ids_all[keep]])
+                         [np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)], [ids[keep]])
 
     # ------------------------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -357,16 +401,16 @@ class _TrainingSentences:
         with data.guard.open(block.uri, "rb", where=_WHERE) as f:  # checked again: the file may have changed
             f.seek(start)
             raw = f.read(end - start)
-        lines = _lines(raw, block.uri, block.first_line)
-        sentences = _sentences(lines)
-        if len(sentences) != block.num_sentences:
-            raise ValueError(f"{_WHERE}: {block.where(len(lines) - 1)} changed while the job ran")
+        sentences = _sentences(raw, block.uri, block.first_line, data.cfg.tokenizer)
+        where = f"{_WHERE}: {block.where(raw.count(_NEWLINE))} changed while the job ran"
+        if len(sentences.lengths) != block.num_sentences:
+            raise ValueError(where)
         if data.cfg.eval_fraction > 0:
-            keys = unit_hash(np.arange(block.first_sentence, block.first_sentence + len(sentences), dtype=np.uint64))
-            sentences = [s for s, k in zip(sentences, keys.tolist(), strict=True) if k >= data.cfg.eval_fraction]
+            number = np.arange(block.first_sentence, block.first_sentence + block.num_sentences, dtype=np.uint64)
+            sentences = sentences.select(unit_hash(number) >= data.cfg.eval_fraction)
         converted = data._sentence_rows(sentences)
         if converted.num_rows != data.train_counts[index]:
-            raise ValueError(f"{_WHERE}: {block.where(len(lines) - 1)} changed while the job ran")
+            raise ValueError(where)
         return converted
 
     def close(self) -> None:

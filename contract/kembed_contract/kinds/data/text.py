@@ -41,7 +41,7 @@ class TextDataConfig(DataKind):
         0.01, description="Sentences held out for the eval loss/AUC of true vs noise pairs."
     )
     shuffle_buffer: bounded_int(1, 1 << 30) = Field(
-        1 << 22, description="Words shuffled together: each epoch orders the corpus's blocks of lines anew, then "
+        1 << 20, description="Words shuffled together: each epoch orders the corpus's blocks of lines anew, then "
         "permutes the sentences of each window of about this many words. Memory: about three windows of words.")
     max_vocab_size: bounded_int(2, MAX_INT32) = Field(
         4_000_000, description="Distinct words the vocabulary pass counts at most (gensim's max_vocab_size): past "
