@@ -49,7 +49,7 @@ from kubernetes import client as k8s
 from kubernetes import watch
 from prometheus_client.parser import text_string_to_metric_families
 
-from kembed_contract import resources
+from kembed_contract import resources, runtime
 from kembed_operator import job_manifests
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import ATTEMPT_LABEL, JOB_LABEL
@@ -314,7 +314,8 @@ def _floor_bodies(specs: list[tuple[str, str, resources.EmbeddingJobSpec]], sett
     bodies = []
     for namespace, name, spec in specs:
         tenant = namespace.removeprefix(resources.NAMESPACE_PREFIX)
-        files = job_manifests.trainer_files(spec, default_checkpoint_uri=f"s3://kembed-test/{tenant}/{name}")
+        folder = runtime.job_checkpoint_folder(f"s3://kembed-test/{tenant}", name)  # as the operator's
+        files = job_manifests.trainer_files(spec, default_checkpoint_uri=folder)
         body = job_manifests.batch_job(name, namespace, "0", tenant, spec, attempt=0, settings=settings, files=files)
         for meta in (body["metadata"], body["spec"]["template"]["metadata"]):
             labels = meta["labels"]

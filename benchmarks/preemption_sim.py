@@ -174,13 +174,13 @@ def _checkpointed(job: Job, done: float) -> float:
 
 def _admission_pass(now, shares, capacity, queued, active, events, tiebreak, result, policy, progress, stop):
     running = [
-        Running(j.seq, j.team, Demand(gpus=j.gpus, jobs=1), j.priority,
+        Running(j.seq, j.team, Demand(gpus=j.gpus, running_jobs=1), j.priority,
                 work_at_risk=j.gpus * (progress(j) - _checkpointed(j, progress(j))) if j.run_since else 0.0,
                 stopping=j.stopping_until is not None,
                 protected=sum(1 for t in j.preempted_at if now - t < PROTECT_WINDOW_S) >= PROTECT_AFTER)
         for j in active.values()
     ]
-    queue = [Pending(j.seq, j.team, Demand(gpus=j.gpus, jobs=1), j.priority)
+    queue = [Pending(j.seq, j.team, Demand(gpus=j.gpus, running_jobs=1), j.priority)
              for j in sorted(queued.values(), key=lambda j: (-j.priority, j.seq))]
     plan = decide(shares=shares, capacity=capacity, running=running, queue=queue, preemption=policy != "rigid")
     for admit in plan.admit:

@@ -139,12 +139,11 @@ def is_retryable_exit_code(code: int | None) -> bool:
 def describe_exit_code(code: int | None) -> str:
     if code is None:
         return "no exit code"
-    if code >= 128:
-        try:
-            return f"exit code {code} ({signal.Signals(code - 128).name})"
-        except ValueError:
-            return f"exit code {code}"
-    return f"exit code {code}"
+    number = runtime.signal_of(code)
+    try:
+        return f"exit code {code} ({signal.Signals(number).name})" if number else f"exit code {code}"
+    except ValueError:  # no such signal
+        return f"exit code {code}"
 
 
 OOM_KILLED = "OOMKilled"  # the reason of a gang failed for memory (Kubernetes' own word for a container's end)

@@ -60,7 +60,7 @@ EmbeddingJob (namespaced, in ``kembed-<tenant>``; ``kubectl get embeddingjobs`` 
       conditions    Kubernetes conditions (type, status, reason, message, lastTransitionTime, observedGeneration):
                     PodsReady, Suspended, Finished, CleanedUp.
       startTime / completionTime, restartCount, attempt, attemptStartTime,
-      progress      {step, totalSteps, percent} and lastCheckpoint {step, uri}: read from rank 0's records.
+      progress      {step, totalSteps, percent} and latestCheckpoint {step, uri}: read from rank 0's records.
     Each change of phase is also a Kubernetes Event on the EmbeddingJob (reason = status.reason).
 
 How the API drives a job: create the report-token Secret, then ``embedding_job_manifest(...)``; cancel by merge-
@@ -296,7 +296,8 @@ class EmbeddingJobStatus(_Status):
     attempt: int = Field(0, description="The current gang's number; its pods carry label kembed.io/attempt.")
     attempt_start_time: str | None = Field(None, description="When the current gang was (re)started.")
     progress: Progress | None = None
-    last_checkpoint: CheckpointRef | None = None
+    latest_checkpoint: CheckpointRef | None = Field(
+        None, description="The latest complete checkpoint rank 0 reported (a step-N folder in the spec's checkpoint.uri).")
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> EmbeddingJobStatus:

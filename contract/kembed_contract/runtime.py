@@ -24,6 +24,7 @@ import signal
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "CHECKPOINT_DELTA",
@@ -46,7 +47,6 @@ __all__ = [
     "EXIT_OK",
     "EVAL_SCORE_CHUNK_BYTES",
     "EXIT_OUT_OF_MEMORY",
-    "EXPORT_FORMATS",
     "EXIT_REASONS",
     "EXIT_STOPPED",
     "EXIT_STORAGE_QUOTA",
@@ -54,11 +54,14 @@ __all__ = [
     "OPTIMIZER_STATE_FLOATS",
     "TERMINATION_LOG_PATH",
     "LAUNCHER_MODULE",
+    "exit_code",
     "job_checkpoint_folder",
+    "latest_checkpoint_reported",
     "node_command",
     "chain_of",
     "read_termination_message",
     "restorable_steps",
+    "signal_of",
     "steps_needed",
     "step_dir",
     "step_of_dir",
@@ -67,6 +70,17 @@ __all__ = [
 ]
 
 # ---- exit codes ---------------------------------------------------------------------------------------------
+def exit_code(returncode: int) -> int:
+    """A process's exit status as a shell, torchrun's parent and Kubernetes report it: 128 + N when signal N ended
+    it (Python's subprocess and multiprocessing say -N), else its own code. Launchers and backends report this."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def signal_of(code: int) -> int | None:
+    """The signal N an exit status of 128 + N says ended the process; None for any other status."""
+    return code - 128 if code > 128 else None
+
+
 EXIT_OK = 0
 # Bad input: the config does not validate, or the data does not fit it (a missing column, an id outside its
 # table, a file that is not there). Retrying cannot help; the reason is in the termination log.
@@ -77,7 +91,7 @@ EXIT_STORAGE_QUOTA = 3
 # An allocation failed: the process reached its memory limit (an rlimit, a GPU's memory) and said so instead of
 # being killed. Retrying at the same size cannot help; the reason (how much it asked for) is in the termination log.
 EXIT_OUT_OF_MEMORY = 4
-EXIT_STOPPED = 128 + signal.SIGTERM  # 143: stopped by SIGTERM after saving a checkpoint (resumes from it)
+EXIT_STOPPED = exit_code(-signal.SIGTERM)  # 143: stopped by SIGTERM after saving a checkpoint (resumes from it)
 # Permanent exits whose code alone names why: the job's reason (kembed_contract.lifecycle.judge); any other
 # permanent exit is TrainerExitedPermanently, with the termination log's line as its message.
 EXIT_REASONS = {EXIT_STORAGE_QUOTA: "StorageQuotaExceeded"}
@@ -143,6 +157,19 @@ EVENT_PROGRESS = "progress"  # every log_every steps: loss, samples/s, ...
 EVENT_EVAL = "eval"  # evaluation metrics
 EVENT_CHECKPOINT = "checkpoint"  # a checkpoint landed completely: uri, num_bytes, seconds
 EVENT_DONE = "done"  # the last record of a successful run: eval, checkpoint
+
+
+def latest_checkpoint_reported(event: str, values: Mapping[str, Any]) -> str | None:
+    """The URI of the latest complete checkpoint a record names (its step is the record's), if it names one: a
+    `checkpoint` record's `uri`; a `done` record's `last_checkpoint`, else its `checkpoint` (with evaluation.keep_best
+    a done record's `checkpoint` is its result's, the best eval's, which may be an earlier step)."""
+    if event == EVENT_CHECKPOINT:
+        uri = values.get("uri")
+    elif event == EVENT_DONE:
+        uri = values.get("last_checkpoint") or values.get("checkpoint")
+    else:
+        return None
+    return uri if isinstance(uri, str) else None
 
 # ---- checkpoint layout --------------------------------------------------------------------------------------
 CHECKPOINT_MARKER = "COMPLETE"  # written last, by rank 0, once every rank's part is stored
@@ -234,12 +261,9 @@ def steps_needed(steps: Iterable[int], markers: Mapping[int, CheckpointMarker]) 
     return needed
 
 
-# ---- exports: format -> file suffix (kembed_trainer.export writes them; the API and the CLI offer them) --------
-EXPORT_FORMATS = {"parquet": ".parquet", "word2vec-text": ".txt", "word2vec-binary": ".bin", "numpy": ".npy"}
-
 # ---- evaluation's working memory (kembed_trainer.metrics; the API's memory estimate counts it) --------------
 # The most an evaluation holds of a queries x candidates score matrix at once (recall@k's positives x items,
-# word2vec's analogy questions x vocabulary), in bytes of float32 scores; the whole matrix at 200,000 items would
+# analogy questions x vocabulary), in bytes of float32 scores; the whole matrix at 200,000 items would
 # be tens of GB.
 EVAL_SCORE_CHUNK_BYTES = 64 * 2**20
 

@@ -122,7 +122,7 @@ class JobSpec(BaseModel):
         json_schema_extra={
             "examples": [
                 {
-                    "name": "ctr-dlrm",
+                    "name": "ctr-clicks",
                     "resources": {"nodes": 1, "procs_per_node": 2},
                     "trainer": {"training": {"steps": 100}},
                 }

@@ -11,23 +11,33 @@ import json
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from kembed_contract import runtime
-from kembed_contract.storage_policy import Access, check_uri_syntax
+from kembed_contract import kinds, runtime
+from kembed_contract.fields import (
+    MAX_BATCH,
+    MAX_EPOCHS,
+    MAX_FEATURES,
+    MAX_NAME,
+    MAX_ROWS,
+    MAX_TABLES,
+    MAX_WIDTH,
+    Count,
+    Fraction,
+    LearningRate,
+    Name,
+    NumbersOnly,
+    OptionalReadUri,
+    OptionalWriteUri,
+    PositiveInt,
+    TableFeatures,
+)
+from kembed_contract.fields import Strict as _Strict
+from kembed_contract.fields import bounded_float as _float
+from kembed_contract.fields import bounded_int as _int
 
 __all__ = [
     "CheckpointConfig",
-    "DLRMConfig",
     "DataConfig",
     "NumbersOnly",
     "DenseOptimizerConfig",
@@ -39,87 +49,15 @@ __all__ = [
     "OptimizerConfig",
     "SparseOptimizerConfig",
     "SparsityConfig",
-    "SyntheticDataConfig",
     "TableConfig",
-    "TableDataConfig",
-    "TextDataConfig",
     "TierConfig",
     "TrainerConfig",
     "TrainingConfig",
-    "TwoTowerConfig",
     "ValidationError",
-    "Word2VecConfig",
     "format_validation_error",
     "load_config",
 ]
 
-# Every number is finite, strictly typed (`true` is not 1, "5" is not 5) and bounded, and every string has a
-# length limit: a value past these bounds could only fail, hang or exhaust a machine later, never train. The
-# bounds sit far past any real job; memory is checked against the job's resources separately
-# (kembed_api.jobs.estimates). 2**31 - 1: steps and counts are stored as 32-bit integers.
-MAX_INT32 = 2**31 - 1
-MAX_ROWS = 2**40  # rows of one table (hash buckets): a trillion, beyond any single table in production
-MAX_WIDTH = 65_536  # an embedding's width or an MLP layer's
-MAX_URI = 4096
-MAX_NAME = 256  # a column, feature or table name
-# How many tables and sparse features one job may have. Validation's cost grows with them (a 1,024-table spec of
-# 56,000 features took 0.1 s of the API's CPU to refuse), so they are bounded, and counted before the rest is
-# validated. Far past real models: DLRM on Criteo has 26 features; production CTR models have hundreds.
-MAX_TABLES = 512
-MAX_FEATURES_PER_TABLE = 256
-MAX_FEATURES = 1024  # over all tables (and so over data.sparse and the two towers)
-
-
-def _numbers_only(value: object) -> object:
-    """JSON's numbers only: `true` is not 1 and "5" is not 5 (JSON Schema agrees). An integral 5.0 is the integer
-    5, as JSON Schema says too; 5.5 is not."""
-    if isinstance(value, bool | str | bytes):
-        raise PydanticCustomError("number_type", "Input should be a number, not {kind}",
-                                  {"kind": "true/false" if isinstance(value, bool) else "text"})
-    return value
-
-
-NumbersOnly = BeforeValidator(_numbers_only)
-
-
-def _int(ge: int, le: int) -> type[int]:
-    if ge == 1:  # said as "greater than 0", as the errors of positive counts always were
-        return Annotated[int, NumbersOnly, Field(gt=0, le=le)]  # type: ignore[return-value]
-    return Annotated[int, NumbersOnly, Field(ge=ge, le=le)]  # type: ignore[return-value]
-
-
-PositiveInt = _int(1, MAX_INT32)
-Count = _int(0, MAX_INT32)
-Fraction = Annotated[float, Field(strict=True, ge=0, lt=1, allow_inf_nan=False)]
-Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=r"^[^\x00-\x1f\x7f]*$")]
-Uri = Annotated[str, Field(min_length=1, max_length=MAX_URI, pattern=r"^[^\x00-\x1f\x7f]*$")]
-Layers = Annotated[list[_int(1, MAX_WIDTH)], Field(max_length=32)]
-Features = Annotated[list[Name], Field(min_length=1, max_length=MAX_FEATURES)]
-TableFeatures = Annotated[list[Name], Field(min_length=1, max_length=MAX_FEATURES_PER_TABLE)]
-
-
-def _float(*, gt: float | None = None, ge: float | None = None, le: float | None = None,
-           lt: float | None = None) -> type[float]:
-    return Annotated[float, Field(strict=True, gt=gt, ge=ge, le=le, lt=lt, allow_inf_nan=False)]  # type: ignore
-
-
-MAX_LR = 1000
-LearningRate = _float(gt=0, le=MAX_LR)
-MAX_HOTNESS = 4096  # ids per feature per sample
-MAX_EVAL_SAMPLES = 100_000_000  # an eval's scores and labels are gathered on every rank
-MAX_BATCH = 2**22  # samples per rank per step (4M); memory is checked separately
-MAX_EPOCHS = 100_000  # passes over the training data
-# Every storage URI of the config is one of these: the Access marks it for the storage policy's checks
-# (kembed_contract.storage_policy.uri_fields finds them), the validator refuses what has no canonical form.
-ReadUri = Annotated[Uri, AfterValidator(check_uri_syntax), Access.READ]
-OptionalReadUri = Annotated[Uri | None, AfterValidator(lambda u: u if u is None else check_uri_syntax(u)), Access.READ]
-OptionalWriteUri = Annotated[
-    Uri | None, AfterValidator(lambda u: u if u is None else check_uri_syntax(u)), Access.WRITE
-]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # ----------------------------------------------------------------------------------------------- embeddings
@@ -130,7 +68,7 @@ class TierConfig(_Strict):
     """A tiered table: all its rows and their optimizer state on the node's local disk, the hot ones cached in
     memory (docs/trainer.md, tiered tables). Give the cache as rows or as MB, not both.
 
-    Until the table kinds' registry lands this section selects the kind; it then becomes the `tiered` kind's own.
+    This section makes a table of the `tiered` table kind (`kembed_contract.kinds.tables.tiered`).
     """
 
     cache_rows: _int(1, MAX_ROWS) | None = Field(
@@ -261,128 +199,11 @@ class EmbeddingsConfig(_Strict):
         return [f for t in self.ordered_tables for f in t.features]
 
 
-# ----------------------------------------------------------------------------------------------- models
-class DLRMConfig(_Strict):
-    """DLRM-style CTR model: bottom MLP over dense features, dot interaction with the pooled embeddings, top MLP."""
-
-    kind: Literal["dlrm"] = "dlrm"
-    bottom_mlp: Layers = Field(
-        [64, 16], min_length=1, description="Hidden sizes; the last must equal the tables' embedding_dim."
-    )
-    top_mlp: Layers = Field(
-        [64, 32], description="Hidden sizes before the final 1-unit logit layer (added automatically)."
-    )
-
-
-class TwoTowerConfig(_Strict):
-    """Two-tower / matrix factorisation: score = dot(user tower, item tower) (+ biases).
-
-    With `tower_mlp: []` each tower is the sum of its pooled features (plain matrix factorisation). With
-    `biases`, the last coordinate of each pooled vector is a per-id bias instead of a factor, and a global bias
-    is learned: score = mu + b_user + b_item + dot(p_user, q_item).
-    """
-
-    kind: Literal["two_tower"] = "two_tower"
-    user_features: Features
-    item_features: Features
-    tower_mlp: Layers = Field([], description="Hidden sizes of each tower's MLP; [] = none (MF).")
-    biases: bool = True
-    loss: Literal["mse", "bce"] = Field(
-        "mse", description="mse: explicit ratings (eval RMSE); bce: implicit 0/1 feedback (eval AUC)."
-    )
-
-
-class Word2VecConfig(_Strict):
-    """Skip-gram with negative sampling: logit = dot(input vector of the center word, output vector of a
-    context or noise word). Needs `data.kind: text` and two tables, for the features `center` and `context`."""
-
-    kind: Literal["word2vec"] = "word2vec"
-
-
-ModelConfig = Annotated[DLRMConfig | TwoTowerConfig | Word2VecConfig, Field(discriminator="kind")]
-
-
-# ----------------------------------------------------------------------------------------------- data
-class SyntheticDataConfig(_Strict):
-    """Zipf-distributed ids with a planted signal: a label a model can learn, for demos and tests."""
-
-    kind: Literal["synthetic"] = "synthetic"
-    num_dense: _int(0, 4096) = Field(13, description="Dense (float) features per sample.")
-    zipf_alpha: _float(gt=0, le=16) = Field(1.1, description="Id frequency ~ 1 / rank**alpha.")
-    min_hotness: _int(1, MAX_HOTNESS) = Field(1, description="Fewest ids per feature per sample (multi-hot).")
-    max_hotness: _int(1, MAX_HOTNESS) = Field(1, description="Most ids per feature per sample.")
-    signal: _float(ge=0, le=100) = Field(
-        1.0, description="Strength of the planted signal; 0 makes labels pure noise (AUC 0.5)."
-    )
-    eval_samples: _int(1, MAX_EVAL_SAMPLES) = Field(
-        8192, description="Held-out samples (a separate seed stream), generated and scored at every eval.")
-
-    @model_validator(mode="after")
-    def _hotness_order(self) -> SyntheticDataConfig:
-        if self.max_hotness < self.min_hotness:
-            raise ValueError("max_hotness must be >= min_hotness")
-        return self
-
-
-class TableDataConfig(_Strict):
-    """Rows of Parquet, CSV or TSV files (`file://`, `s3://` or a path; a glob or a folder reads every file).
-
-    Each sparse feature is read from a column: integer ids, or any value when its table has `hash_ids`.
-    A multi-hot column holds a list (Parquet) or a `multi_hot_separator`-joined string (CSV/TSV).
-    """
-
-    kind: Literal["table"] = "table"
-    uri: ReadUri = Field(description="Training rows.")
-    format: Literal["auto", "parquet", "csv", "tsv"] = Field("auto", description="auto = from the extension.")
-    label: Name = Field(description="Label column: 0/1 clicks, or ratings.")
-    dense: list[Name] = Field([], max_length=4096, description="Float feature columns, in the model's order.")
-    sparse: dict[Name, Name] = Field(max_length=MAX_FEATURES, description="Sparse feature name -> column.")
-    multi_hot_separator: str = Field("|", min_length=1, max_length=8)
-    eval_uri: OptionalReadUri = Field(None, description="Held-out rows; without it `eval_fraction` of the rows.")
-    eval_fraction: Fraction = 0.1
-    columns: list[Name] | None = Field(
-        None, max_length=4096,
-        description="CSV/TSV without a header row: the columns' names, in order (e.g. Criteo's label, i1..i13, "
-        "c1..c26). Null: the first line of each file names them.")
-    shuffle_buffer: _int(1, 1 << 24) = Field(
-        1 << 18, description="Rows shuffled together: each epoch orders the row groups (CSV blocks) anew, then "
-        "permutes each window of this many rows. Memory: about three windows of rows.")
-    missing: Literal["fill", "error"] = Field(
-        "fill", description="A null in a dense or sparse column: fill = a dense 0, and for a hashed feature its own "
-        "missing id (an empty bag for plain integer ids); error = the job fails naming the file, row and column.")
-
-    @property
-    def num_dense(self) -> int:
-        return len(self.dense)
-
-
-class TextDataConfig(_Strict):
-    """A tokenised corpus for word2vec: one sentence per line, tokens separated by whitespace.
-
-    Text without spaces between words (Chinese, Japanese) can be split per character with `tokenizer: chars`.
-    The vocabulary is built from the corpus: words seen at least `min_count` times, the most frequent first,
-    at most the tables' num_embeddings.
-    """
-
-    kind: Literal["text"] = "text"
-    uri: ReadUri
-    tokenizer: Literal["whitespace", "chars"] = "whitespace"
-    min_count: PositiveInt = Field(5, description="Words seen fewer times are left out (gensim's default).")
-    window: _int(1, 1000) = Field(5, description="Context words on each side of the center word.")
-    negatives: _int(1, 1000) = Field(5, description="Noise words per (center, context) pair.")
-    subsample: _float(ge=0, le=1) = Field(
-        1e-3, description="Frequent-word subsampling threshold t (Mikolov et al.); 0 = off."
-    )
-    eval_fraction: Fraction = Field(
-        0.01, description="Sentences held out for the eval loss/AUC of true vs noise pairs."
-    )
-
-    @property
-    def num_dense(self) -> int:
-        return 0
-
-
-DataConfig = Annotated[SyntheticDataConfig | TableDataConfig | TextDataConfig, Field(discriminator="kind")]
+# ----------------------------------------------------------------------------------------------- kinds
+# The model and data sections are each one of the kinds registered in kembed_contract.kinds (one module per kind,
+# which owns its section's fields), told apart by `kind`.
+ModelConfig = kinds.model_union()
+DataConfig = kinds.data_union()
 
 
 # ----------------------------------------------------------------------------------------------- optimizers
@@ -393,7 +214,7 @@ class SparseOptimizerConfig(_Strict):
     lr: LearningRate = 0.05
     min_lr: LearningRate | None = Field(
         None,
-        description="The lr falls linearly from `lr` to this at the last step (word2vec's alpha to min_alpha); "
+        description="The lr falls linearly from `lr` to this at the last step (gensim's alpha to min_alpha); "
         "null = constant lr.",
     )
     eps: _float(gt=0, le=1) = 1e-8
@@ -433,7 +254,7 @@ class TrainingConfig(_Strict):
     )
     batch_size: _int(1, MAX_BATCH) = Field(
         256,
-        description="Samples per rank per step (word2vec: corpus words). Unset: the model kind's default "
+        description="Samples per rank per step (for sentence data: corpus words). Unset: the model kind's default "
         "(docs/trainer.md, defaults per kind), else 256.",
     )
     seed: _int(-(2**63), 2**63 - 1) = 0
@@ -491,16 +312,16 @@ class EvaluationConfig(_Strict):
     """What an evaluation measures, and what the job keeps of it.
 
     Every eval (each `training.eval_every` steps and at the end) reports the metrics of its model kind: `rmse`,
-    `mae` and `loss` for ratings (two_tower with mse); `auc`, `log_loss` and `loss` for clicks (dlrm, two_tower
-    with bce, which adds `recall_at_k`); word2vec the `auc` and `log_loss` of true against noise pairs, plus the
-    neighbours of `neighbours_of` and, with `analogies_uri`, `analogy_accuracy`.
+    `mae` and `loss` for ratings; `auc`, `log_loss` and `loss` for clicks, with `recall_at_k` for retrieval; a
+    kind with a vocabulary the `auc` and `log_loss` of true against noise pairs, plus the neighbours of
+    `neighbours_of` and, with `analogies_uri`, `analogy_accuracy` (docs/trainer.md, each kind's section).
     """
 
     metric: Literal["auto", "loss", "rmse", "mae", "auc", "log_loss", "recall_at_k", "analogy_accuracy"] = Field(
         "auto",
         description="The metric that picks the best checkpoint and drives early stopping; lower is better for "
-        "loss, rmse, mae, log_loss, higher for the others. auto: rmse for ratings, analogy_accuracy for word2vec "
-        "with analogies, else auc.",
+        "loss, rmse, mae, log_loss, higher for the others. auto: rmse for ratings, analogy_accuracy with "
+        "analogies, else auc.",
     )
     keep_best: bool = Field(
         True,
@@ -511,16 +332,16 @@ class EvaluationConfig(_Strict):
         0, description="Evals in a row without improvement after which training stops early; 0 = never."
     )
     recall_k: _int(1, 10_000) = Field(
-        10, description="two_tower with bce: recall@k ranks each held-out positive's item among the held-out items."
+        10, description="Retrieval (a model reporting recall_at_k): recall@k ranks each held-out positive's item among the held-out items."
     )
     neighbours_of: Annotated[list[Name], Field(max_length=100)] = Field(
-        [], description="word2vec: words whose nearest neighbours (cosine) each eval reports."
+        [], description="A model with a vocabulary: words whose nearest neighbours (cosine) each eval reports."
     )
     neighbours_k: _int(1, 100) = 5
     analogies_uri: OptionalReadUri = Field(
         None,
-        description="word2vec: analogy questions, one `a b c d` per line (a is to b as c is to d; `:` lines are "
-        "section titles, as in word2vec's questions-words.txt); analogy_accuracy is the share answered right "
+        description="A model with a vocabulary: analogy questions, one `a b c d` per line (a is to b as c is to "
+        "d; `:` lines are section titles, as in the questions-words.txt of Mikolov et al.); analogy_accuracy is the share answered right "
         "among those whose four words are in the vocabulary.",
     )
 
@@ -574,51 +395,13 @@ class DistributedConfig(_Strict):
 
 
 # ----------------------------------------------------------------------------------------------- defaults per kind
-Task = Literal["ratings", "clicks", "text"]
-
-FUNK_SVD_STEP, FUNK_SVD_REG = 0.005, 0.02
-"""Funk SVD's SGD step and L2 weight per rating (Surprise's SVD defaults), which ratings' defaults carry into
-batches: the loss is the batch's mean, so each row's gradient is divided by batch_size and these are multiplied
-(lr) and divided (weight decay) by it."""
-
-
-def _ratings_lr(cfg: TrainerConfig) -> float:
-    return float(min(FUNK_SVD_STEP * cfg.training.batch_size, MAX_LR))
-
-
-def _ratings_weight_decay(cfg: TrainerConfig) -> float:
-    return FUNK_SVD_REG / cfg.training.batch_size
-
-
 KIND_DEFAULTS: dict[str, dict[str, object]] = {
-    # Funk SVD as Surprise's SVD runs it (100 factors, 20 epochs, step 0.005, reg 0.02): per-row SGD, 100 factors
-    # plus the bias coordinate, and a dense lr at which the global bias nears the mean rating within about an epoch.
-    "ratings": {
-        "training.batch_size": 256,
-        "training.epochs": 20,
-        "embeddings.tables.embedding_dim": 101,
-        "embeddings.tables.weight_decay": _ratings_weight_decay,
-        "optimizer.sparse.name": "sgd",
-        "optimizer.sparse.lr": _ratings_lr,
-        "optimizer.dense.lr": 0.01,
-    },
-    # The fields' own defaults (row-wise Adagrad at 0.05, Adam at 1e-3, dim 16, batch 256) and one pass over the
-    # log, as DLRM trains on Criteo's.
-    "clicks": {"training.epochs": 1},
-    # gensim's Word2Vec defaults (vector_size 100, 5 epochs, alpha 0.025 falling to min_alpha 0.0001); the text
-    # data's own defaults are gensim's too (window 5, negative 5, min_count 5, sample 1e-3).
-    "text": {
-        "training.batch_size": 10_000,
-        "training.epochs": 5,
-        "embeddings.tables.embedding_dim": 100,
-        "optimizer.sparse.name": "sgd",
-        "optimizer.sparse.lr": 0.025,
-        "optimizer.sparse.min_lr": 0.0001,
-    },
+    task: dict(defaults) for kind in kinds.MODELS.values() for task, defaults in kind.defaults_by_task.items()
 }
 """Per task (TrainerConfig.task), `section.field` -> the value a field not given takes (or a function of the
-config whose earlier entries are already applied); a field not named here takes its own default. The one place
-these live: docs/trainer.md#defaults-per-kind shows them (a test checks it agrees)."""
+config whose earlier entries are already applied); a field not named here takes its own default. Each model kind
+owns its tasks' defaults (`defaults_by_task` in its module); this gathers them. docs/trainer.md#defaults-per-kind
+shows them (a test checks it agrees)."""
 
 
 def _set_unless_given(model: BaseModel, sections: list[str], name: str, value: object) -> None:
@@ -638,9 +421,9 @@ def _set_unless_given(model: BaseModel, sections: list[str], name: str, value: o
 
 
 class TrainerConfig(_Strict):
-    model: ModelConfig = DLRMConfig()
+    model: ModelConfig = kinds.default_model()
     embeddings: EmbeddingsConfig
-    data: DataConfig = SyntheticDataConfig()
+    data: DataConfig = kinds.default_data()
     optimizer: OptimizerConfig = OptimizerConfig()
     training: TrainingConfig = TrainingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -652,12 +435,12 @@ class TrainerConfig(_Strict):
 
     @model_validator(mode="after")
     def _kind_defaults(self) -> TrainerConfig:
-        """Every field of KIND_DEFAULTS[self.task] not given takes the kind's value. Runs before the checks below
-        (pydantic runs a model's after-validators in order), so they and every reader see the effective values;
-        a dumped config names every field, so it validates again to itself."""
-        if self.training.steps is None and self.training.epochs is None and self.data.kind == "synthetic":
-            raise ValueError("training.steps: synthetic data is endless, set training.steps")
-        for path, value in KIND_DEFAULTS[self.task].items():
+        """Every field of the model kind's defaults for its task not given takes the kind's value. Runs before
+        the checks below (pydantic runs a model's after-validators in order), so they and every reader see the
+        effective values; a dumped config names every field, so it validates again to itself."""
+        if self.training.steps is None and self.training.epochs is None and self.data.endless:
+            raise ValueError(f"training.steps: {self.data.kind} data is endless, set training.steps")
+        for path, value in self.model.defaults().items():
             *sections, name = path.split(".")
             if (sections, name) == (["training"], "epochs") and self.training.steps is not None:
                 continue  # steps given: no epochs
@@ -668,97 +451,58 @@ class TrainerConfig(_Strict):
 
     @model_validator(mode="after")
     def _model_fits_tables(self) -> TrainerConfig:
-        features = set(self.embeddings.features)
-        if self.data.kind == "table" and set(self.data.sparse) != features:
-            missing, unknown = len(features - set(self.data.sparse)), len(set(self.data.sparse) - features)
-            raise ValueError(f"data.sparse must map exactly the tables' features: {missing} missing, {unknown} not "
-                             "a feature of any table")
-        if self.model.kind == "two_tower":
-            towers = self.model.user_features + self.model.item_features
-            if set(towers) != features or len(towers) != len(features):
-                raise ValueError("two_tower: user_features + item_features must name each table feature once")
-            if len({t.embedding_dim for t in self.embeddings.tables}) != 1:
-                raise ValueError("two_tower: all tables need the same embedding_dim")
-        if self.training.epochs is not None and self.data.kind == "synthetic":
-            raise ValueError("training.epochs: synthetic data is endless, set training.steps instead")
-        if (self.model.kind == "word2vec") != (self.data.kind == "text"):
-            raise ValueError("word2vec trains on data.kind 'text', and text data is only for word2vec")
-        if self.model.kind == "word2vec":
-            by_feature = {f: t for t in self.embeddings.tables for f in t.features}
-            if features != {"center", "context"} or by_feature["center"] is by_feature["context"]:
-                raise ValueError("word2vec: needs two tables, one with feature 'center', one with 'context'")
-            if by_feature["center"].embedding_dim != by_feature["context"].embedding_dim:
-                raise ValueError("word2vec: the center and context tables need the same embedding_dim")
-            self._check_word2vec_fits_its_trainer()
-        if self.model.kind == "dlrm":
-            dims = {t.embedding_dim for t in self.embeddings.tables}
-            if len(dims) != 1:
-                raise ValueError(f"dlrm: all tables need the same embedding_dim, got {sorted(dims)}")
-            (dim,) = dims
-            if self.data.num_dense > 0 and self.model.bottom_mlp[-1] != dim:
-                raise ValueError(f"dlrm: bottom_mlp must end in the embedding_dim ({dim})")
+        """The kinds' own checks (each kind's module), and what holds between the sections."""
+        self.data.check(self)
+        if self.model.trains_on != self.data.yields:
+            raise ValueError(_mismatch(self.model, self.data))
+        self.model.check(self)
         evaluation = self.evaluation
         if evaluation.metric not in ("auto", *self.eval_metrics):
             raise ValueError(f"evaluation.metric: {self.model.kind} reports {sorted(self.eval_metrics)}, "
                              f"not {evaluation.metric!r}")
-        if self.model.kind != "word2vec" and (evaluation.neighbours_of or evaluation.analogies_uri):
-            raise ValueError("evaluation.neighbours_of and analogies_uri are for word2vec")
-        if self.model.kind == "word2vec" and self.checkpoint.incremental:
-            # Its compiled trainer writes the tables directly, past the changed-row tracking deltas rely on.
-            raise ValueError("checkpoint.incremental: word2vec saves full checkpoints only")
+        if not self.model.has_vocabulary and (evaluation.neighbours_of or evaluation.analogies_uri):
+            raise ValueError(f"evaluation.neighbours_of and analogies_uri are for {kinds.in_words(kinds.with_vocabulary())}")
+        if not self.model.incremental_checkpoints and self.checkpoint.incremental:
+            raise ValueError(f"checkpoint.incremental: {self.model.kind} saves full checkpoints only")
         return self
 
-    def _check_word2vec_fits_its_trainer(self) -> None:
-        """word2vec trains in compiled code on CPU (`kembed_trainer.word2vec_sgd`): per-sample SGD straight on
-        whole replicated tables, whose rows are the vocabulary's indices."""
-        if self.optimizer.sparse.name != "sgd":
-            raise ValueError(
-                f"optimizer.sparse.name: word2vec trains with 'sgd' (hogwild, as word2vec and gensim), "
-                f"got {self.optimizer.sparse.name!r}"
-            )
-        if self.distributed.backend == "nccl":
-            raise ValueError("distributed.backend: word2vec trains on CPU cores; use 'auto' or 'gloo'")
-        for i, t in enumerate(self.embeddings.tables):
-            if self.embeddings.is_sharded(t):
-                raise ValueError(
-                    f"embeddings.tables.{i}: word2vec tables are replicated; set sharding: replicated")
-            if t.hash_ids or t.admit_after:
-                raise ValueError(
-                    f"embeddings.tables.{i}: word2vec rows are vocabulary indices; set hash_ids: false and "
-                    "admit_after: 0")
-
     @property
-    def task(self) -> Task:
-        """What the model learns from: "ratings" (two_tower with mse), "clicks" (dlrm, two_tower with bce) or
-        "text" (word2vec). Defaults (KIND_DEFAULTS) and eval metrics follow it."""
-        if self.model.kind == "word2vec":
-            return "text"
-        return "ratings" if self.ratings else "clicks"
+    def task(self) -> str:
+        """What the model learns from: "ratings", "clicks" or a kind's own (the model kind says). Defaults
+        (KIND_DEFAULTS) and eval metrics follow it."""
+        return self.model.task
 
     @property
     def ratings(self) -> bool:
-        """Whether labels are real-valued ratings (two_tower with mse), not 0/1."""
-        return self.model.kind == "two_tower" and self.model.loss == "mse"
+        """Whether labels are real-valued ratings, not 0/1."""
+        return self.task == kinds.base.RATINGS
 
     @property
     def eval_metrics(self) -> frozenset[str]:
         """The metrics every eval of this model reports."""
-        if self.ratings:
-            return frozenset({"rmse", "mae", "loss"})
-        metrics = {"auc", "log_loss", "loss"}
-        if self.model.kind == "two_tower":
-            metrics.add("recall_at_k")
-        if self.model.kind == "word2vec" and self.evaluation.analogies_uri:
-            metrics.add("analogy_accuracy")
-        return frozenset(metrics)
+        return self.model.eval_metrics(self)
 
     @property
     def best_metric(self) -> tuple[str, bool]:
         """(the metric that decides the best checkpoint, whether higher is better)."""
         metric = self.evaluation.metric
         if metric == "auto":
-            metric = "rmse" if self.ratings else "analogy_accuracy" if self.evaluation.analogies_uri else "auc"
+            metric = self.model.auto_metric(self)
         return metric, metric in HIGHER_IS_BETTER
+
+
+def _mismatch(model: kinds.base.ModelKind, data: kinds.base.DataKind) -> str:
+    """Why this model cannot train on this data, naming the pair that goes together (the one that is not rows)."""
+    if model.trains_on != kinds.base.ROWS:
+        needs = model.trains_on
+        model_kinds = [model.kind]
+        data_kinds = [name for name, kind in kinds.DATA.items() if kind.yields == needs]
+    else:
+        model_kinds = [name for name, kind in kinds.MODELS.items() if kind.trains_on == data.yields]
+        data_kinds = [data.kind]
+    data_names = " or ".join(repr(d) for d in data_kinds)
+    return (f"{kinds.in_words(model_kinds)} trains on data.kind {data_names}, and {kinds.in_words(data_kinds)} data is only "
+            f"for {kinds.in_words(model_kinds)}")
 
 
 def format_validation_error(err: ValidationError) -> str:
@@ -781,3 +525,13 @@ def load_config(path_or_uri: str) -> TrainerConfig:
     if not isinstance(raw, dict):
         raise ValueError(f"{path_or_uri}: expected a mapping at the top level")  # noqa: TRY004 - bad config
     return TrainerConfig.model_validate(raw)
+
+
+def __getattr__(name: str) -> type:
+    """Each kind's section by its class name (`config.TableDataConfig`), for readers that know it: the class
+    lives in its kind's module (kembed_contract.kinds)."""
+    for kind in (*kinds.MODELS.values(), *kinds.DATA.values()):
+        if kind.__name__ == name:
+            return kind
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+

@@ -282,6 +282,6 @@ class JobRunner:
         changes: dict[str, Any] = {}
         if latest and latest != self.status.get("progress"):
             changes["progress"] = latest
-        if checkpoint and checkpoint != self.status.get("lastCheckpoint"):
-            changes["lastCheckpoint"] = checkpoint
+        if checkpoint and checkpoint != self.status.get("latestCheckpoint"):
+            changes["latestCheckpoint"] = checkpoint
         return changes

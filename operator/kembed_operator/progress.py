@@ -11,7 +11,7 @@ __all__ = ["read_records"]
 
 
 def read_records(log_text: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(progress, lastCheckpoint) as status fields, from the newest records in a log tail; None where absent."""
+    """(progress, latestCheckpoint) as status fields, from the newest records in a log tail; None where absent."""
     progress = checkpoint = None
     for line in log_text.splitlines():
         line = line.strip()
@@ -31,8 +31,7 @@ def read_records(log_text: str) -> tuple[dict[str, Any] | None, dict[str, Any] |
                 total = total or step
             progress = {"step": step, "totalSteps": total,
                         "percent": min(100, int(100 * step / total)) if total else None}
-        if event == runtime.EVENT_CHECKPOINT and isinstance(record.get("uri"), str):
-            checkpoint = {"step": step, "uri": record["uri"]}
-        if event == runtime.EVENT_DONE and isinstance(record.get("checkpoint"), str):
-            checkpoint = {"step": step, "uri": record["checkpoint"]}
+        latest = runtime.latest_checkpoint_reported(event, record)
+        if latest is not None:
+            checkpoint = {"step": step, "uri": latest}
     return progress, checkpoint

@@ -19,7 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from kembed_contract import resources
 from kembed_contract.lifecycle import TERMINAL_STATES
-from kembed_contract.quota import QuotaSpec, cpu_quantity
+from kembed_contract.quota import QuotaSpec
 from kembed_operator import tenant_manifests
 from kembed_operator.conditions import set_condition
 from kembed_operator.kube import Kube
@@ -83,10 +83,10 @@ def reconcile_tenant(name: str, uid: str, spec: kopf.Spec, status: kopf.Status, 
 
 
 def _describe(quota: QuotaSpec) -> str:
-    shown = [f"{quota.gpus} GPUs" if quota.gpus is not None else None,
-             f"{cpu_quantity(quota.cpu)} CPU" if quota.cpu is not None else None,
-             f"{quota.memory} memory" if quota.memory is not None else None]
-    return ", ".join(s for s in shown if s) or "unlimited"
+    """What its ResourceQuota enforces, in words."""
+    shown = [f"{d.label} {d.quantity(value)}" for d in quota.dimensions()
+             if d.kubernetes and (value := getattr(quota, d.field)) is not None]
+    return ", ".join(shown) or "unlimited"
 
 
 def _mint_credentials(kube: Kube, minter: TenantCredentials, name: str, tenant: resources.TenantSpec,

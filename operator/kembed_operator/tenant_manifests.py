@@ -6,7 +6,6 @@ import base64
 from typing import Any
 
 from kembed_contract import resources
-from kembed_contract.quota import cpu_quantity
 from kembed_operator.job_manifests import S3_SECRET, TENANT_LABEL
 from kembed_operator.settings import OperatorSettings
 from kembed_platform.tenant_credentials import S3Credentials
@@ -51,13 +50,8 @@ def quota(tenant: str, spec: resources.TenantSpec) -> dict[str, Any]:
     """The namespace's ResourceQuota: the tenant's quota plus, in a cohort, its borrowing limit (what the API's
     admission lets it borrow must be able to start); a dimension without a limit is not listed."""
     q = spec.resource_quota()
-    hard: dict[str, str] = {}
-    if q.gpus is not None:
-        hard["requests.nvidia.com/gpu"] = str(q.gpus)
-    if q.cpu is not None:
-        hard["requests.cpu"] = hard["limits.cpu"] = cpu_quantity(q.cpu)
-    if q.memory is not None:
-        hard["requests.memory"] = hard["limits.memory"] = q.memory
+    hard = {name: d.quantity(value) for d in q.dimensions() if (value := getattr(q, d.field)) is not None
+            for name in d.kubernetes}
     return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": _meta("kembed-quota", tenant),
             "spec": {"hard": hard}}
 

@@ -7,7 +7,7 @@ import pytest
 from kembed_api.quota.admission import Demand, Quota, RunningJob, estimate_start_times, never_fits, shortfall
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
-GPU8 = Demand(gpus=8, cpu=8, memory_bytes=2**30, jobs=1, processes=8)
+GPU8 = Demand(gpus=8, cpu=8, memory_bytes=2**30, running_jobs=1, processes=8)
 
 
 @pytest.mark.parametrize(

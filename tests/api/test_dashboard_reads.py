@@ -170,3 +170,25 @@ def test_sign_in_makes_a_session_that_acts_as_its_token(api_client):
     assert api_client.get("/v1/usage").status_code == 401
     api_client.cookies.clear()
     assert api_client.get("/dashboard", follow_redirects=False).headers["location"] == "/dashboard/sign-in"
+
+
+def test_a_job_page_is_served_with_the_folder_its_job_checkpoints_to_by_default(api_client):
+    """"Submit again" clears the old job's checkpoint folder only when it was the default one: the page is served
+    that folder (the API's own rule), so the script never guesses it from the job's id."""
+    token = new_tenant(api_client, "folders", role="member")
+    api_client.headers.pop("Authorization")
+    assert api_client.post("/dashboard/sign-in", data={"token": token}, follow_redirects=False).status_code == 303
+    csrf = api_client.get("/dashboard").text.split('name="csrf-token" content="')[1].split('"')[0]
+    defaulted = api_client.post("/v1/jobs", json=make_spec("plain").build(), headers={"X-CSRF-Token": csrf}).json()
+    folder = defaulted["spec"]["trainer"]["checkpoint"]["uri"]
+    named_spec = make_spec("named").build()
+    named_spec["trainer"]["checkpoint"]["uri"] = f"{folder.rsplit('/', 1)[0]}/runs/mine"
+    named = api_client.post("/v1/jobs", json=named_spec, headers={"X-CSRF-Token": csrf}).json()
+
+    def served(job_id: str) -> str:
+        page = api_client.get(f"/dashboard/jobs/{job_id}")
+        assert page.status_code == 200
+        return page.text.split('data-default-checkpoint-folder="')[1].split('"')[0]
+
+    assert served(defaulted["id"]) == folder
+    assert served(named["id"]) != named["spec"]["trainer"]["checkpoint"]["uri"]

@@ -117,9 +117,24 @@ def test_reports_need_the_jobs_own_token_and_update_progress(client, backend):
     current = client.get(f"/v1/jobs/{job['id']}").json()
     assert current["progress"] == {"step": 7, "total_steps": 60, "fraction": 7 / 60}
     assert current["metrics"]["loss"] == 0.42
-    assert (current["checkpoint"], current["checkpoint_step"]) == ("file:///c/step-7", 7)
+    assert (current["latest_checkpoint_uri"], current["checkpoint_step"]) == ("file:///c/step-7", 7)
     series = client.get(f"/v1/jobs/{job['id']}/metrics", params={"event": "progress"}).json()
     assert [point["values"]["loss"] for point in series] == [0.42]
+
+
+def test_the_latest_checkpoint_is_the_last_saved_not_the_best_one_a_done_record_names(client, backend):
+    """With evaluation.keep_best a done record's `checkpoint` is the best eval's (an earlier step) and its
+    `last_checkpoint` the latest: the job's latest_checkpoint_uri stays the step it says it is."""
+    job = client.post("/v1/jobs", json=make_spec().build()).json()
+    wait_for(lambda: backend.started or client.get("/healthz") and None, what="the job to start")
+    url, auth = f"/v1/jobs/{job['id']}/reports", {"Authorization": f"Bearer {backend.started[0].report_token}"}
+    for record in ({"event": "checkpoint", "step": 60, "uri": "file:///c/step-60"},
+                   {"event": "done", "step": 60, "eval": {"auc": 0.8}, "checkpoint": "file:///c/step-20",
+                    "best_step": 20, "last_checkpoint": "file:///c/step-60"}):
+        assert client.post(url, json=record, headers=auth).status_code == 204
+    current = client.get(f"/v1/jobs/{job['id']}").json()
+    assert (current["latest_checkpoint_uri"], current["checkpoint_step"]) == ("file:///c/step-60", 60)
+    assert current["result"] == {"auc": 0.8}
 
 
 def test_a_record_replayed_after_another_run_reported_is_applied_once(client, backend):

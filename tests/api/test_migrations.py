@@ -29,12 +29,9 @@ def test_migrating_a_new_database_gives_the_models_schema(request, tmp_path, dat
 def test_upgrading_counts_the_queues_already_there(tmp_path):
     """Migration 0006 starts each tenant's queue length from the jobs it already has queued."""
     from alembic import command
-    from alembic.config import Config
 
     url = f"sqlite:///{tmp_path / 'kembed.db'}"
-    config = Config()
-    config.set_main_option("script_location", str(kembed_api.platform.db.MIGRATIONS))
-    config.set_main_option("sqlalchemy.url", url)
+    config = _alembic_config(url)
     command.upgrade(config, "0005")
     engine = create_engine(url)
     with engine.begin() as connection:
@@ -51,3 +48,47 @@ def test_upgrading_counts_the_queues_already_there(tmp_path):
         counts = dict(connection.execute(text("SELECT name, queued_jobs FROM tenants")).all())
     engine.dispose()
     assert counts == {"a": 2, "b": 0}
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_upgrading_renames_the_latest_checkpoint_column_and_keeps_every_value(request, tmp_path, database):
+    """Migration 0017 renames jobs.checkpoint_uri (the latest complete step) to latest_checkpoint_uri in place,
+    and back on a downgrade."""
+    from alembic import command
+
+    url = (f"sqlite:///{tmp_path / 'kembed.db'}" if database == "sqlite"
+           else request.getfixturevalue("postgres_server").new_database())
+    config = _alembic_config(url)
+    command.upgrade(config, "0016")
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO tenants (id, name, created_at) VALUES (1, 'a', '2026-12-01')"))
+        for seq, uri in [(1, "file:///c/a/job-1/step-40"), (2, None)]:
+            connection.execute(text(
+                "INSERT INTO jobs (seq, id, tenant_id, name, spec, priority, gpus, cpu, memory_bytes, processes, "
+                "state, reason, message, cancel_requested, restart_count, created_at, step, total_steps, metrics, "
+                "backend_state, checkpoint_uri, checkpoint_step) VALUES (:seq, :id, 1, 'job', '{}', 0, 0, 1, 1, 1, "
+                "'RUNNING', '', '', false, 0, '2026-12-01', 40, 60, '{}', '{}', :uri, :step)"),
+                {"seq": seq, "id": f"job-{seq}", "uri": uri, "step": 40 if uri else None})
+    engine.dispose()
+
+    def latest(column: str) -> dict[str, str | None]:
+        engine = create_engine(url)
+        with engine.connect() as connection:
+            found = dict(connection.execute(text(f"SELECT id, {column} FROM jobs ORDER BY seq")).all())
+        engine.dispose()
+        return found
+
+    upgrade_to_head(url)
+    assert latest("latest_checkpoint_uri") == {"job-1": "file:///c/a/job-1/step-40", "job-2": None}
+    command.downgrade(config, "0016")
+    assert latest("checkpoint_uri") == {"job-1": "file:///c/a/job-1/step-40", "job-2": None}
+
+
+def _alembic_config(url: str):
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(kembed_api.platform.db.MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", url)
+    return config

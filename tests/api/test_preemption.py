@@ -9,7 +9,7 @@ LOW, NORMAL, HIGH = 0, 100, 1000
 
 
 def gpus(n: int) -> Demand:
-    return Demand(gpus=n, jobs=1)
+    return Demand(gpus=n, running_jobs=1)
 
 
 def share(nominal: int, *, cohort: str | None = "research", borrow: int | None = None) -> Share:
@@ -76,9 +76,9 @@ def test_capacity_is_made_by_preempting_lower_priority_jobs_too():
     """The embedded default: one tenant with no quota, the machine's slots are the limit."""
     slots = Quota(max_processes=2)
     shares = {"default": Share(nominal=Quota())}
-    jobs = [Running(1, "default", Demand(processes=2, jobs=1), LOW)]
+    jobs = [Running(1, "default", Demand(processes=2, running_jobs=1), LOW)]
     plan = decide(shares=shares, capacity=slots, running=jobs,
-                  queue=[Pending(9, "default", Demand(processes=1, jobs=1), HIGH)])
+                  queue=[Pending(9, "default", Demand(processes=1, running_jobs=1), HIGH)])
     assert [p.victim for p in plan.preempt] == [1]
 
 

@@ -104,6 +104,11 @@ def test_a_spec_with_only_data_and_kind_is_stored_and_estimated_with_its_kinds_d
     assert table_memory_bytes_per_rank(trainer) == 2 * 50_000 * 100 * 4  # SGD keeps no state
     bigger = JobSpec.model_validate({**spec, "trainer": {**spec["trainer"], "training": {"batch_size": 100_000}}})
     assert memory_per_rank(bigger.trainer).total > memory_per_rank(trainer).total  # the batch counts, as given
+    # The corpus is streamed: what its reader holds is bounded by the config (windows, the vocabulary pass's counts).
+    bounded = {**spec["trainer"]["data"], "shuffle_buffer": 1 << 18, "max_vocab_size": 100_000}
+    smaller = JobSpec.model_validate({**spec, "trainer": {**spec["trainer"], "data": bounded}}).trainer
+    assert memory_per_rank(trainer).data - memory_per_rank(smaller).data == (
+        3 * ((1 << 20) - (1 << 18)) * 16 + (4_000_000 - 100_000) * 128)
 
 
 def test_the_memory_estimate_counts_what_evaluation_holds():

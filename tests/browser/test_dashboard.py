@@ -99,18 +99,18 @@ def test_the_bars_match_usage_and_the_queue_matches_the_api(server, make_team, o
     page = open_browser()
     sign_in(page, server, team.tokens["member"])
     expect(page.locator("#queue tbody tr")).to_have_count(3)
-    expect(bar(page, "queued")).to_have_attribute("data-used", "3")
+    expect(bar(page, "max_queued_jobs")).to_have_attribute("data-used", "3")
     usage = member.usage()
     expected = {"gpus": (usage["used"]["gpus"], usage["quota"]["gpus"]),
                 "cpu": (usage["used"]["cpu"], usage["quota"]["cpu"]),
-                "running": (usage["used"]["running_jobs"], usage["quota"]["max_running_jobs"]),
-                "queued": (usage["queued_jobs"], usage["quota"]["max_queued_jobs"])}
+                "max_running_jobs": (usage["used"]["running_jobs"], usage["quota"]["max_running_jobs"]),
+                "max_queued_jobs": (usage["queued_jobs"], usage["quota"]["max_queued_jobs"])}
     for dim, (used, limit) in expected.items():
         row = bar(page, dim)
         assert float(row.get_attribute("data-used")) == used, dim
         assert row.get_attribute("data-limit") == ("" if limit is None else f"{limit:g}"), dim
-    assert bar(page, "running").get_attribute("data-level") == "full"  # 1 of 1
-    assert bar(page, "queued").get_attribute("data-level") == "warn"  # 3 of 4
+    assert bar(page, "max_running_jobs").get_attribute("data-level") == "full"  # 1 of 1
+    assert bar(page, "max_queued_jobs").get_attribute("data-level") == "warn"  # 3 of 4
     assert bar(page, "gpus").get_attribute("data-level") == "none"  # no GPU limit
 
     rows = page.locator("#queue tbody tr")
@@ -152,10 +152,10 @@ def test_a_cohort_member_sees_what_it_borrows_and_lends(server, make_team, open_
     page = open_browser()
     sign_in(page, server, borrower.tokens["viewer"])
     expect(bar(page, "cpu")).to_have_attribute("data-level", "over")
-    expect(page.locator("#sharing")).to_have_text(f"Cohort {cohort['cohort']}: borrowing 1 CPU · lending nothing")
+    expect(page.locator("#sharing")).to_have_text(f"Cohort {cohort['cohort']}: borrowing 1 CPU cores · lending nothing")
     page.context.clear_cookies()
     sign_in(page, server, lender.tokens["viewer"])
-    expect(page.locator("#sharing")).to_have_text(f"Cohort {cohort['cohort']}: borrowing nothing · lending 1 CPU")
+    expect(page.locator("#sharing")).to_have_text(f"Cohort {cohort['cohort']}: borrowing nothing · lending 1 CPU cores")
 
 
 @pytest.mark.slow  # trains real jobs

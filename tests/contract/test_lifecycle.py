@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
-from kembed_contract import lifecycle
+from kembed_contract import lifecycle, runtime
 from kembed_contract.lifecycle import JobState
 
 
@@ -69,6 +71,22 @@ def _node(index: int, code: int | None, *, collateral: bool = False, oom: bool =
 def test_one_exit_code_policy(failures, retryable, reason):
     verdict = lifecycle.judge(failures)
     assert (verdict.retryable, verdict.reason) == (retryable, reason)
+
+
+@pytest.mark.parametrize(("returncode", "code", "judged"), [
+    pytest.param(0, 0, None, id="success"),
+    pytest.param(2, 2, "TrainerExitedPermanently", id="own-code-kept"),
+    pytest.param(-signal.SIGKILL, 137, "TrainerExitedRetryably", id="killed"),
+    pytest.param(-signal.SIGTERM, runtime.EXIT_STOPPED, "TrainerExitedRetryably", id="stopped-after-a-checkpoint"),
+])
+def test_a_signal_reaches_the_policy_as_128_plus_its_number(returncode, code, judged):
+    """What the local backend and the launcher report of a process (subprocess says -N for signal N) is what a
+    shell and Kubernetes would: one rule, kembed_contract.runtime.exit_code."""
+    assert runtime.exit_code(returncode) == code
+    assert runtime.signal_of(code) == (-returncode if returncode < 0 else None)
+    if judged:
+        assert lifecycle.judge([_node(0, code)]).reason == judged
+    assert lifecycle.describe_exit_code(137) == "exit code 137 (SIGKILL)"
 
 
 def test_restarts_are_spent_by_one_rule():

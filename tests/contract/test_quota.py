@@ -7,6 +7,7 @@ import pydantic
 import pytest
 from sqlalchemy import BigInteger, Float, Integer
 
+from kembed_api.jobs.models import Job
 from kembed_api.tenants import schemas
 from kembed_api.tenants.models import Tenant
 from kembed_contract import crds, resources
@@ -24,6 +25,18 @@ def test_every_dimension_of_the_model_is_a_column_of_the_type_it_is_stored_as():
     for amount, kind in stored.items():
         column = quota_columns[f"quota_{amount}"]
         assert isinstance(column.type, types[kind]) and column.nullable, amount
+
+
+def test_what_each_job_holds_is_a_column_per_dimension_running_jobs_hold():
+    types = {Stored.COUNT: Integer, Stored.CORES: Float, Stored.BYTES: BigInteger}
+    held = {d.used: d for d in QuotaSpec.held()}
+    assert set(held) == {"gpus", "cpu", "memory_bytes", "running_jobs"}
+    columns = Job.__table__.columns
+    for name, dimension in held.items():
+        if dimension.counts_jobs:  # each job holds one: no column
+            assert name not in columns, name
+        else:
+            assert isinstance(columns[name].type, types[dimension.stored]) and not columns[name].nullable, name
 
 
 def test_the_api_and_the_tenant_resource_use_the_model_itself():

@@ -28,7 +28,7 @@ def test_a_job_submitted_over_http_trains_to_succeeded(server):
     assert "limits per node: memory 2.00 GiB" in started and "network:" in started, started
     assert done["progress"]["step"] == done["progress"]["total_steps"] == 60
     assert done["result"]["auc"] > 0.6  # the planted signal is learnt
-    checkpoint = file_uri_path(done["checkpoint"])
+    checkpoint = file_uri_path(done["latest_checkpoint_uri"])
     assert checkpoint.name == "step-60" and checkpoint.is_dir()
     assert str(checkpoint).startswith(str(server.data_dir / "checkpoints" / "default" / job["id"]))
 
@@ -50,7 +50,7 @@ def test_the_cli_submits_follows_and_reports_the_outcome(server, tmp_path):
     followed = kembed("submit", str(spec_file), "--follow")
     assert followed.returncode == 0, followed.stdout + followed.stderr
     assert "final state: SUCCEEDED" in followed.stdout
-    assert "eval auc:" in followed.stdout and "checkpoint: file://" in followed.stdout
+    assert "eval auc:" in followed.stdout and "latest checkpoint: file://" in followed.stdout
 
     job_id = followed.stdout.split("submitted ")[1].split()[0]
     assert job_id in kembed("jobs").stdout
@@ -85,7 +85,7 @@ def test_cancelling_a_running_job_checkpoints_and_ends_cancelled(server):
     done = server.wait_terminal(job["id"], timeout=90)
     assert done["state"] == "CANCELLED"
     assert 20 <= done["checkpoint_step"] < 5000  # the SIGTERM checkpoint
-    assert file_uri_path(done["checkpoint"]).is_dir()
+    assert file_uri_path(done["latest_checkpoint_uri"]).is_dir()
     assert [e["reason"] for e in done["events"]][-2:] == ["CancelRequested", "Cancelled"]
 
 

@@ -89,7 +89,7 @@ def test_the_platform_extras_install_what_the_api_imports_at_run_time():
     asyncio_needs = _closure([f"sqlalchemy[asyncio]=={importlib.metadata.version('sqlalchemy')}"]) - _closure(
         [f"sqlalchemy=={importlib.metadata.version('sqlalchemy')}"])
     assert asyncio_needs, "SQLAlchemy's asyncio extra names nothing: this check is stale"
-    assert "sqlalchemy.ext.asyncio" in (REPO / "api" / "kembed_api" / "db.py").read_text()
+    assert "sqlalchemy.ext.asyncio" in (REPO / "api" / "kembed_api" / "platform" / "db.py").read_text()
     assert asyncio_needs <= installed, f"the api extra lacks {sorted(asyncio_needs - installed)}"
 
 

@@ -84,10 +84,10 @@ def test_a_two_node_cpu_gang_in_the_trainer_image_survives_a_killed_pod_and_resu
            .create(platform, tenant))
 
     wait_phase(platform, namespace, job, "RUNNING", timeout_s=120)
-    checkpointed = wait_for(lambda: (harness.job_status(platform, namespace, job).get("lastCheckpoint") or {}).get(
+    checkpointed = wait_for(lambda: (harness.job_status(platform, namespace, job).get("latestCheckpoint") or {}).get(
         "step", 0) >= 50, timeout_s=300, interval_s=0.5, what="a first checkpoint in S3")
     assert checkpointed
-    first_checkpoint = harness.job_status(platform, namespace, job)["lastCheckpoint"]
+    first_checkpoint = harness.job_status(platform, namespace, job)["latestCheckpoint"]
     assert first_checkpoint["uri"].startswith(f"s3://kembed-test/{tenant}/{job}/step-")
 
     gang = sorted(job_pods(platform, namespace, job), key=lambda p: p.metadata.name)
@@ -110,13 +110,16 @@ def test_a_two_node_cpu_gang_in_the_trainer_image_survives_a_killed_pod_and_resu
                 return json.loads(line)
         return None
 
-    started = wait_for(started_record, timeout_s=120, interval_s=1, what="the resumed trainer's started record")
+    try:
+        started = wait_for(started_record, timeout_s=120, interval_s=1, what="the resumed trainer's started record")
+    except TimeoutError:  # what the resumed rank 0 said instead
+        raise AssertionError(platform.pod_log(namespace, rank0.metadata.name)[-3000:]) from None
     assert started["resumed_from"] and started["step"] >= first_checkpoint["step"], started
 
     done = wait_phase(platform, namespace, job, "SUCCEEDED", "FAILED", timeout_s=600)
     assert done["phase"] == "SUCCEEDED", done
     assert done["restartCount"] == 1 and done["progress"]["percent"] == 100
-    assert done["lastCheckpoint"]["uri"].endswith(f"/step-{STEPS}")
+    assert done["latestCheckpoint"]["uri"].endswith(f"/step-{STEPS}")
 
 
 def test_a_one_node_job_trains_from_the_files_in_its_pod_annotations(platform: Cluster, s3_server, local_operator,
@@ -130,7 +133,7 @@ def test_a_one_node_job_trains_from_the_files_in_its_pod_annotations(platform: C
 
     done = wait_phase(platform, namespace, job, "SUCCEEDED", "FAILED", timeout_s=300)
     assert done["phase"] == "SUCCEEDED", done
-    assert done["lastCheckpoint"]["uri"] == f"s3://kembed-test/{tenant}/{job}/step-20"
+    assert done["latestCheckpoint"]["uri"] == f"s3://kembed-test/{tenant}/{job}/step-20"
     assert not platform.core().list_namespaced_service(namespace).items
     assert not platform.core().list_namespaced_config_map(namespace, label_selector=f"kembed.io/job={job}").items
 

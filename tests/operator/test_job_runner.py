@@ -12,6 +12,7 @@ from typing import Any
 
 import kopf
 
+from kembed_operator import progress
 from kembed_operator.job_runner import JobRunner
 from kembed_operator.observed import Observed
 from kembed_operator.settings import OperatorSettings
@@ -160,4 +161,13 @@ def test_a_job_that_ends_takes_one_write_with_its_last_progress():
     [write] = _status_writes(kube)
     assert write["phase"] == "SUCCEEDED"
     assert write["progress"] == {"step": 40, "totalSteps": 40, "percent": 100}
-    assert write["lastCheckpoint"] == {"step": 40, "uri": "s3://bucket/acme/demo/step-40"}
+    assert write["latestCheckpoint"] == {"step": 40, "uri": "s3://bucket/acme/demo/step-40"}
+
+
+def test_the_status_names_the_last_saved_checkpoint_not_the_best_one():
+    """A done record's `checkpoint` is its result's (the best eval's, with keep_best); latestCheckpoint is the
+    last one saved, as the API's job says (kembed_contract.runtime.latest_checkpoint_reported)."""
+    _, checkpoint = progress.read_records(
+        '{"event": "checkpoint", "step": 40, "uri": "s3://b/t/j/step-40"}\n'
+        '{"event": "done", "step": 40, "checkpoint": "s3://b/t/j/step-10", "last_checkpoint": "s3://b/t/j/step-40"}\n')
+    assert checkpoint == {"step": 40, "uri": "s3://b/t/j/step-40"}

@@ -10,6 +10,7 @@ unpickler (kembed_trainer.dcp_read). The payload here would write a marker file 
 from __future__ import annotations
 
 import builtins
+import enum
 import io
 import json
 import os
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+import torch.distributed.checkpoint.metadata as dcp_metadata
 from torch.distributed.checkpoint.api import CheckpointException
 
 from kembed_api.jobs import checkpoint_reader, exports
@@ -103,6 +105,45 @@ def test_metadata_that_calls_anything_else_is_refused_unrun(tmp_path, function):
     assert not marker.exists()
     assert "system" not in str(refused.value) and "exec" not in str(refused.value) and str(marker) not in str(
         refused.value)
+
+
+class _EnumsByName(pickle.Pickler):
+    """Pickles enum members as `getattr(cls, name)`, as some Python releases do (the trainer image's)."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, enum.Enum):
+            return getattr, (type(obj), obj.name)
+        return NotImplemented
+
+
+def test_metadata_with_enum_members_by_name_loads(tmp_path):
+    _save({"t.weight": torch.randn(30, 4)}, tmp_path / "step-1")
+    with open(tmp_path / "step-1" / ".metadata", "rb") as f:
+        reference = pickle.load(f)  # noqa: S301 - our own file, the reference
+    out = io.BytesIO()
+    _EnumsByName(out).dump(reference)
+    assert b"getattr" in out.getvalue()
+    assert dcp_read.read_metadata(io.BytesIO(out.getvalue())) == reference
+
+
+class _Getattr:
+    def __init__(self, target, name: str) -> None:
+        self.target, self.name = target, name
+
+    def __reduce__(self):
+        return getattr, (self.target, self.name)
+
+
+@pytest.mark.parametrize("target, name", [
+    pytest.param(object, "__subclasses__", id="a builtin class"),
+    pytest.param(dcp_metadata.Metadata, "__init__", id="an allowed class's method"),
+    pytest.param(dcp_metadata._MEM_FORMAT_ENCODING, "__class__", id="an allowed enum's attribute"),
+    pytest.param(enum.Enum, "__new__", id="an enum that is not allowed"),
+])
+def test_getattr_in_metadata_gives_allowed_enum_members_only(target, name):
+    with pytest.raises(dcp_read.UnsafeCheckpoint) as refused:
+        dcp_read.read_metadata(io.BytesIO(pickle.dumps(_Getattr(target, name))))
+    assert name not in str(refused.value)
 
 
 def test_garbage_metadata_is_refused_without_quoting_it():

@@ -69,7 +69,7 @@ def test_no_report_is_lost_when_the_api_stops_answering_as_the_trainer_ends(runn
             "SUCCEEDED", "FAILED", "CANCELLED") and j)
         assert ended["state"] == "SUCCEEDED"
         assert ended["result"] is not None and "auc" in ended["result"]
-        assert ended["checkpoint_step"] == 60 and ended["checkpoint"].endswith("step-60")
+        assert ended["checkpoint_step"] == 60 and ended["latest_checkpoint_uri"].endswith("step-60")
         assert ended["progress"]["step"] == 60
     # What makes a retry detectable: every record the trainer wrote carries its run and a growing number.
     records = [json.loads(line) for line in _log(world, job["id"]).splitlines() if line.startswith('{"event"')]
@@ -109,7 +109,7 @@ def test_a_replayed_report_changes_nothing(running_world: World):
         legacy = {"event": "checkpoint", "step": 10, "uri": "file:///elsewhere/step-10"}
         assert client.post(url, json=legacy, headers=auth).status_code == 204
         current = _job(client, job["id"])
-        assert (current["checkpoint"], current["checkpoint_step"]) == ("file:///elsewhere/step-40", 40)
+        assert (current["latest_checkpoint_uri"], current["checkpoint_step"]) == ("file:///elsewhere/step-40", 40)
         assert current["result"] == {"auc": 0.7}
         series = client.get(f"/v1/jobs/{job['id']}/metrics").json()
         assert [(p["event"], p["step"]) for p in series if p["event"] in ("checkpoint", "done")] == [

@@ -131,7 +131,7 @@ def test_accepted_uris_are_stored_canonical_and_the_job_runs_inside_the_policy(p
     assert trainer["checkpoint"]["uri"] == f"{own.as_uri()}/runs/one"
     done = _wait_terminal(platform["member"], job["id"])
     assert done["state"] == "SUCCEEDED", done
-    assert done["checkpoint"] == f"{own.as_uri()}/runs/one/step-60"
+    assert done["latest_checkpoint_uri"] == f"{own.as_uri()}/runs/one/step-60"
     assert [p.name for p in (own / "runs" / "one").iterdir()] == ["step-60"]
 
 

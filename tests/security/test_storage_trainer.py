@@ -148,8 +148,8 @@ def test_word2vec_analogies_are_opened_through_the_policy(layout, target):
     """A link planted in an allowed folder after the job was checked: the analogies file is refused when it is
     opened, like every other file (it was opened with plain fsspec before)."""
     from kembed_contract.storage_policy import StorageDenied
+    from kembed_trainer.models.word2vec.word_eval import WordEval
     from kembed_trainer.storage import Guard
-    from kembed_trainer.word_eval import WordEval
 
     link = layout.datasets / "analogies.txt"
     link.symlink_to(target.format(data=layout.data_dir, a=layout.folder("a")))

@@ -1,9 +1,11 @@
-"""The trainer, recording which rows each rank's batches hold (for tests of epochs and resumes).
+"""The trainer, recording which rows (or sentences) each rank's steps hold (for tests of epochs and resumes).
 
-Run in place of `-m kembed_trainer` (as a torchrun script): every `train_batch` appends one JSON line
-{"step", "epoch", "ids"} to `$KEMBED_TEST_ROWS_DIR/rank<r>-<pid>.jsonl`, the ids being the batch's sparse ids
-(a table config with one feature whose column is the row's own number). With `KEMBED_TEST_KILL_AT=<step>`,
-rank `KEMBED_TEST_KILL_RANK` (default 1) kills itself with SIGKILL when asked for that step's batch.
+Run in place of `-m kembed_trainer` (as a torchrun script): every step appends one JSON line {"step", "epoch",
+"ids"} to `$KEMBED_TEST_ROWS_DIR/rank<r>-<pid>.jsonl`. Table data: the ids are the batch's sparse ids (a table
+config with one feature whose column is the row's own number). Text data: the step's sentences, each as its
+words joined by spaces (a corpus whose words are all in the vocabulary, so a sentence reads as its line). With
+`KEMBED_TEST_KILL_AT=<step>`, rank `KEMBED_TEST_KILL_RANK` (default 1) kills itself with SIGKILL when asked for
+that step's data.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import signal
 import sys
 
 from kembed_trainer import __main__ as trainer_main
-from kembed_trainer.data import plan, table
+from kembed_trainer.data import table, text
 
 
 def _install() -> None:
@@ -23,18 +25,23 @@ def _install() -> None:
     kill_at = int(os.environ.get("KEMBED_TEST_KILL_AT", "-1"))
     kill_rank = int(os.environ.get("KEMBED_TEST_KILL_RANK", "1"))
     path = os.path.join(out_dir, f"rank{rank}-{os.getpid()}.jsonl")
-    original = table.TableData.train_batch
 
-    def train_batch(self, step):
-        if step == kill_at and rank == kill_rank:
-            os.kill(os.getpid(), signal.SIGKILL)
-        epoch = plan.segment_at(self.segment, step, world_size=self.world_size, num_rows=self.num_rows).epoch
-        batch = original(self, step)
-        with open(path, "a") as f:
-            f.write(json.dumps({"step": step, "epoch": epoch, "ids": batch.values.tolist()}) + "\n")
-        return batch
+    def record(original, as_ids):
+        def recorded(self, step):
+            if step == kill_at and rank == kill_rank:
+                os.kill(os.getpid(), signal.SIGKILL)
+            epoch = self.stream.epoch_at(step)
+            out = original(self, step)
+            with open(path, "a") as f:
+                f.write(json.dumps({"step": step, "epoch": epoch, "ids": as_ids(self, out)}) + "\n")
+            return out
 
-    table.TableData.train_batch = train_batch
+        return recorded
+
+    table.TableData.train_batch = record(table.TableData.train_batch, lambda data, batch: batch.values.tolist())
+    text.TextData.train_sentences = record(text.TextData.train_sentences, lambda data, sentences: [
+        " ".join(data.vocab[t] for t in sentences[0][a:b])
+        for a, b in zip(sentences[1][:-1].tolist(), sentences[1][1:].tolist(), strict=True)])
 
 
 if __name__ == "__main__":

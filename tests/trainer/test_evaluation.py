@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from kembed_contract import trainer_config as config
-from kembed_trainer import best, metrics, word_eval
+from kembed_trainer import best, metrics
+from kembed_trainer.models.word2vec import word_eval
 from kembed_trainer.storage import Guard
 from tests.trainer.conftest import run_trainer, tiny_config, write_config
 

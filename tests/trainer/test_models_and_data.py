@@ -226,8 +226,12 @@ def test_word2vec_epochs_read_every_training_sentence_once(tmp_path, ckpt_uri):
     code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg))
     assert code == 0, stderr
     dataset = recs[0]["dataset"]
-    # batch_size counts corpus words: an epoch is every training token once.
-    assert recs[0]["total_steps"] == 2 * -(-dataset["train_tokens"] // 400)
+    # batch_size counts corpus words: a step is that many words' worth of whole sentences (at the corpus's
+    # sentences per word), an epoch every training sentence once, so about as many steps as words / batch_size.
+    sentences, tokens = dataset["train_sentences"], dataset["train_tokens"]
+    per_epoch = sentences // round(400 * sentences / tokens)
+    assert recs[0]["total_steps"] == 2 * per_epoch
+    assert abs(per_epoch - tokens / 400) <= 1
     assert recs[-1]["step"] == recs[0]["total_steps"]
     assert dataset["train_sentences"] + dataset["eval_sentences"] <= 3000
 

@@ -13,8 +13,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
 from kembed_contract import trainer_config as config
-from kembed_trainer import embedding, sparse_optim, word2vec_sgd
+from kembed_trainer import embedding, sparse_optim
 from kembed_trainer.data import text
+from kembed_trainer.models.word2vec import sgd as word2vec_sgd
 from kembed_trainer.storage import Guard
 from tests.trainer.conftest import run_trainer, write_config
 

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     # Heavy imports only after the config is known to be good, so a typo fails in milliseconds.
     from kembed_trainer import checkpoint, dist, report, train
 
-    env = dist.setup(cfg.distributed.backend, cfg.training.threads, cpu_only=cfg.model.kind == "word2vec")
+    env = dist.setup(cfg.distributed.backend, cfg.training.threads, cpu_only=cfg.model.cpu_only)
     reporter = report.Reporter.from_env(enabled=env.is_main)
     code = None
     try:

@@ -270,11 +270,10 @@ class Checkpointer:
                 self._chain = [markers[link] for link in chain]
                 return step
             except (Exception, CheckpointException) as exc:  # noqa: BLE001 - any unreadable one is skipped
-                # The error's type only: its message may quote the bytes it could not read.
-                print(
-                    f"checkpoint {self.step_uri(step)} unreadable ({type(exc).__name__}), trying an older one",
-                    file=sys.stderr,
-                )
+                # The error's type only (its message may quote the bytes it could not read), except for refusals
+                # of dcp_read, whose messages are written never to.
+                why = str(exc) if isinstance(exc, dcp_read.UnsafeCheckpoint) else type(exc).__name__
+                print(f"checkpoint {self.step_uri(step)} unreadable ({why}), trying an older one", file=sys.stderr)
         if steps:
             raise RuntimeError(f"none of the complete checkpoints under {self.uri} could be loaded")
         return None

@@ -7,18 +7,20 @@ through this module instead:
 
 - `.metadata` through an unpickler that resolves only the classes DCP's metadata holds (the dataclasses of
   `torch.distributed.checkpoint.metadata`, DCP's `_StorageInfo`, `torch.Size`, torch's dtypes, its layout
-  helper) and refuses anything else (`UnsafeCheckpoint`). Torch's own weights-only unpickler would be the
+  helper; `getattr` only as an enum member of those classes by name) and refuses anything else
+  (`UnsafeCheckpoint`). Torch's own weights-only unpickler would be the
   natural choice, but it does not read pickle protocol 4 (DCP writes its metadata with the default protocol).
 - non-tensor values (the optimizer's param groups) with `torch.load(weights_only=True)`, as DCP already reads
   tensor data.
 
-The allow-list is what real checkpoints of every model kind hold (listed from saved DLRM, two-tower and word2vec
-checkpoints, full and incremental, one and two ranks); the trainer's export and resume tests read them all
+The allow-list is what real checkpoints of every model kind hold (listed from saved checkpoints of each kind,
+full and incremental, one and two ranks); the trainer's export and resume tests read them all
 through it.
 """
 
 from __future__ import annotations
 
+import enum
 import importlib
 import io
 import pickle
@@ -59,11 +61,23 @@ def _allowed(module: str, name: str) -> bool:
     return module == "torch" and isinstance(vars(torch).get(name), torch.dtype)
 
 
+def _enum_member(cls: Any, name: str) -> Any:
+    """`getattr` as an unpickler may call it: an enum member of an allow-listed class by its name, nothing else.
+    Some Python releases pickle an enum member as `getattr(cls, name)` (the trainer image's Debian 3.11.2 does),
+    others as `cls(value)`."""
+    if not (isinstance(cls, type) and issubclass(cls, enum.Enum) and _allowed(cls.__module__, cls.__qualname__)
+            and isinstance(name, str) and name in cls.__members__):
+        raise UnsafeCheckpoint("its .metadata asks for an attribute DCP metadata never holds; refused unread")
+    return cls.__members__[name]
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if not _allowed(module, name):
             # Not the name it asked for: that is the file's content.
-            raise UnsafeCheckpoint("its .metadata refers to something DCP metadata never holds; refused unread")
+            raise UnsafeCheckpoint("its .metadata refers to something DCP metadata never holds;; refused unread")
         return getattr(importlib.import_module(module), name)
 
 

@@ -9,7 +9,7 @@ import os
 import torch
 import torch.distributed as dist
 
-__all__ = ["Env", "setup", "teardown"]
+__all__ = ["Env", "gather", "setup", "teardown"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,3 +57,18 @@ def teardown() -> None:
     if dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()
+
+
+def gather(t: torch.Tensor) -> torch.Tensor:
+    """Concatenate a 1-d tensor of varying length from every rank."""
+    if not dist.is_initialized():
+        return t
+    n = torch.tensor([t.numel()], device=t.device)
+    sizes = [torch.empty_like(n) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, n)
+    width = int(max(s.item() for s in sizes))
+    padded = torch.zeros(width, dtype=t.dtype, device=t.device)
+    padded[: t.numel()] = t
+    out = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(out, padded)
+    return torch.cat([o[: int(s.item())] for o, s in zip(out, sizes, strict=True)])

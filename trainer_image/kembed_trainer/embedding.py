@@ -24,17 +24,19 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
+from kembed_contract import kinds
 from kembed_contract import trainer_config as config
 from kembed_trainer import delta, hugepages, pooling, sharding, sparse_optim
+from kembed_trainer import kinds as trainer_kinds
 from kembed_trainer.data.batch import Batch
 
-__all__ = ["EmbeddingCollection", "hash_rows"]
+__all__ = ["EmbeddingCollection", "Group", "hash_rows"]
 
 
-class _Group:
-    tiered = False  # see kembed_trainer.tiered.table
+class Group:
+    tiered = False  # whether its rows live on disk behind a cache (kembed_trainer.tiered.table)
 
-    """The tables of one width: replicated ones stacked in `weight`, this rank's rows of sharded ones in `shard`.
+    """The tables of one width held in memory (the plain table kind's group, `kembed_trainer.tables.plain`): replicated ones stacked in `weight`, this rank's rows of sharded ones in `shard`.
 
     Rows are addressed by a virtual index over all tables of the group stacked whole (`table_starts`), which is
     what ids map to, what admission counts, and the same at any world size. Replicated tables come first in
@@ -52,16 +54,14 @@ class _Group:
         device: torch.device,
         gen: torch.Generator,
         seed: int,
-        first_table: int,
+        table_ids: list[int],
         rank: int,
         world_size: int,
-        table_ids: list[int] | None = None,
         hold_shard: bool = True,
     ) -> None:
-        """`table_ids`: each table's index over all tables (seeds its sharded rows; default: from `first_table`
-        on). `hold_shard=False`: this rank's rows of sharded tables are not allocated here (a tiered group holds
-        them on disk and sets `shard` to its cache)."""
-        table_ids = table_ids or [first_table + i for i in range(len(tables))]
+        """`table_ids`: each table's index over all tables (seeds its sharded rows, the same in any group).
+        `hold_shard=False`: this rank's rows of sharded tables are not allocated here (a tiered group holds them
+        on disk and sets `shard` to its cache)."""
         self.tables = tables
         self.dim = tables[0].embedding_dim
         self.features = [f for t in tables for f in t.features]
@@ -107,7 +107,7 @@ class _Group:
         self.weight = hugepages.empty(sum(repl_sizes), self.dim, device=device)
         for i, t in enumerate(tables):
             if not sharded[i]:
-                # DLRM's init: small enough that the dot interaction starts near zero for big tables.
+                # Naumov et al.'s init (2019): small enough that a dot interaction starts near zero for big tables.
                 lo = int(self.repl_starts[i])
                 self.weight[lo : lo + t.num_embeddings].uniform_(-_bound(t), _bound(t), generator=gen)
         # Sharded tables: this rank's rows, initialised the same whatever the world size.
@@ -219,31 +219,23 @@ class EmbeddingCollection:
         rank: int = 0,
     ) -> None:
         gen = torch.Generator(device=device).manual_seed(seed)
-        # One group per width, and the tiered tables of a width in a group of their own (a table kind's seam:
-        # the registry of table kinds will key groups by kind).
-        by_dim: dict[tuple[int, bool], list[config.TableConfig]] = {}
+        # One group per width and table kind, each held as its kind holds tables (kembed_trainer.tables).
+        by_group: dict[tuple[str, int], list[config.TableConfig]] = {}
         for t in emb_cfg.ordered_tables:
-            by_dim.setdefault((t.embedding_dim, t.tier is not None), []).append(t)
+            by_group.setdefault((kinds.table_kind(t).kind_name(), t.embedding_dim), []).append(t)
         table_id = {t.name: i for i, t in enumerate(emb_cfg.ordered_tables)}  # seeds a table the same in any group
         self.groups = []
-        for (_, tiered_group), tables in by_dim.items():
-            ids = [table_id[t.name] for t in tables]
-            if tiered_group:
-                from kembed_trainer.tiered import table as tiered  # numba only where it is used
-
-                self.groups.append(tiered.TieredGroup(tables, optimizer=opt_cfg.name, device=device, seed=seed,
-                                                      table_ids=ids, rank=rank, world_size=world_size))
-                continue
+        for tables in by_group.values():
             sharded = [emb_cfg.is_sharded(t) for t in tables]
             self.groups.append(
-                _Group(
+                trainer_kinds.table(tables[0]).group(
                     tables,
                     sharded,
                     device=device,
                     gen=gen,
                     seed=seed,
-                    first_table=ids[0],
-                    table_ids=ids,
+                    table_ids=[table_id[t.name] for t in tables],
+                    optimizer=opt_cfg.name,
                     rank=rank,
                     world_size=world_size,
                 )
@@ -252,8 +244,8 @@ class EmbeddingCollection:
         for g in self.groups:
             g.state = self.optimizer.init_state(g.weight.shape[0], g.dim, device)
             g.shard_state = self.optimizer.init_state(g.shard.shape[0], g.dim, device)
-        # Where each group's features are in a batch (by width, in table order): a width's tiered tables are
-        # a group apart from its in-memory ones, so a group's features need not be one run of the batch's.
+        # Where each group's features are in a batch (by width, in table order): a width's tables of two kinds
+        # are two groups, so a group's features need not be one run of the batch's.
         position = {f: i for i, f in enumerate(emb_cfg.features)}
         self._positions = [[position[f] for f in g.features] for g in self.groups]
         self._in_order = [p for ps in self._positions for p in ps] == list(range(len(position)))
@@ -264,7 +256,7 @@ class EmbeddingCollection:
         self.world_size = world_size
         self.device = device
         self.num_features = sum(len(g.features) for g in self.groups)
-        self._pending: list[tuple[_Group, _Touched, torch.Tensor, torch.Tensor | None]] = []
+        self._pending: list[tuple[Group, _Touched, torch.Tensor, torch.Tensor | None]] = []
         self.last_unique_rows = 0
 
     @property
@@ -388,7 +380,7 @@ class EmbeddingCollection:
                              average=False)
         self._pending = []
 
-    def _update(self, g: _Group, weight, state, changed, rows, grad, table_of, step: int, *, average: bool) -> None:
+    def _update(self, g: Group, weight, state, changed, rows, grad, table_of, step: int, *, average: bool) -> None:
         if average and self.world_size > 1:
             rows, grad = _average_across_ranks(rows, grad, self.world_size)
         if rows.numel():
@@ -510,7 +502,7 @@ def _runs_of_width(items: list, dims: list[int]) -> list[list]:
     return runs
 
 
-def _unique_storage_rows(g: _Group, values: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
+def _unique_storage_rows(g: Group, values: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
     """The sorted distinct storage rows a lookup of these features' ids will need (as `__call__` finds them)."""
     return torch.unique(g.storage_rows(g.admit(g.rows_of(values)), counts))
 

@@ -7,12 +7,12 @@ through its chain: the table from the chain's full checkpoint (which holds the r
 changed rows on it, in order.
 
 Formats (`FORMATS`):
-- `parquet`: one row per word or id: `token` (word2vec), `id` (int64, plain tables) or `feature`, `id` (text)
-  and `row` (hashed tables, one row per raw id seen in training), then `vector` (fixed-size list of float32).
-- `word2vec-text` / `word2vec-binary`: the formats of the original word2vec tool, which gensim's
-  `KeyedVectors.load_word2vec_format` reads (binary: `binary=True`). Keys are the words, or the ids as text;
-  whitespace inside a key becomes `_`.
-- `numpy`: a `.npy` matrix, row i = table row i (the vocabulary's rows for word2vec).
+- `parquet`: one row per word or id: `token` (a vocabulary's words), `id` (int64, plain tables) or `feature`,
+  `id` (text) and `row` (hashed tables, one row per raw id seen in training), then `vector` (fixed-size list of
+  float32).
+- `numpy`: a `.npy` matrix, row i = table row i (the vocabulary's rows for a model with a vocabulary).
+- those a model kind adds (`kembed_contract.kinds.EXPORT_FORMATS`), written by its trainer half's `writers`, for
+  any job's tables.
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from kembed_contract import runtime
+from kembed_contract import kinds, runtime
 from kembed_trainer import dcp_read, delta, embedding, row_index
+from kembed_trainer import kinds as trainer_kinds
 from kembed_trainer.data.table import hash_string
 
 __all__ = ["FORMATS", "SUFFIXES", "ExportError", "TableRows", "neighbours", "read_table", "write"]
 
-FORMATS = tuple(runtime.EXPORT_FORMATS)
-SUFFIXES = runtime.EXPORT_FORMATS
-_CHUNK_ROWS = 8192
+FORMATS = tuple(kinds.EXPORT_FORMATS)
+SUFFIXES = kinds.EXPORT_FORMATS
 
 
 class ExportError(ValueError):
@@ -53,7 +53,7 @@ class TableRows:
     keys: list[str]  # one per entry: the word, the id, or the raw id (hashed)
     rows: np.ndarray  # the row of each key
     features: list[str] | None  # hashed: each key's feature
-    bias_column: bool  # two_tower with biases: the last coordinate is the per-id bias, not a factor
+    bias_column: bool  # the last coordinate is a per-id bias, not a factor (ModelKind.bias_column)
 
 
 def read_manifest(step_uri: str) -> dict[str, Any]:
@@ -66,11 +66,9 @@ def read_manifest(step_uri: str) -> dict[str, Any]:
 
 
 def default_table(manifest: dict[str, Any]) -> str:
-    """word2vec: the input (center) vectors, the word vectors users mean; else the first table."""
-    tables = manifest["tables"]
-    if manifest["model"] == "word2vec":
-        return next(t["name"] for t in tables if "center" in t["features"])
-    return tables[0]["name"]
+    """The table the checkpoint's model kind names (a vocabulary's word vectors), else the first."""
+    kind = kinds.MODELS.get(manifest["model"], kinds.base.ModelKind)
+    return kind.default_table(manifest["tables"])
 
 
 def chain_uris(step_uri: str) -> list[str]:
@@ -175,7 +173,7 @@ def write(rows: TableRows, fmt: str, out: IO[bytes]) -> None:
     elif fmt == "parquet":
         _write_parquet(rows, out)
     else:
-        _write_word2vec(rows, out, binary=fmt == "word2vec-binary")
+        trainer_kinds.export_writers()[fmt](rows, out)
 
 
 def _write_parquet(rows: TableRows, out: IO[bytes]) -> None:
@@ -190,23 +188,6 @@ def _write_parquet(rows: TableRows, out: IO[bytes]) -> None:
     flat = pa.array(rows.vectors[rows.rows].astype(np.float32, copy=False).reshape(-1))
     vectors = pa.FixedSizeListArray.from_arrays(flat, dim)
     pq.write_table(pa.table({**key_column, "vector": vectors}), out)
-
-
-def _word2vec_keys(rows: TableRows) -> list[str]:
-    return ["_".join(k.split()) or "_" for k in rows.keys]
-
-
-def _write_word2vec(rows: TableRows, out: IO[bytes], *, binary: bool) -> None:
-    keys = _word2vec_keys(rows)
-    out.write(f"{len(keys)} {rows.vectors.shape[1]}\n".encode())
-    for start in range(0, len(keys), _CHUNK_ROWS):
-        chunk = rows.vectors[rows.rows[start : start + _CHUNK_ROWS]].astype(np.float32, copy=False)
-        if binary:  # as gensim writes it: "<key> " then the little-endian float32s
-            out.write(b"".join(f"{k} ".encode() + v.astype("<f4").tobytes()
-                               for k, v in zip(keys[start : start + _CHUNK_ROWS], chunk, strict=True)))
-        else:  # %.9g: every float32 reads back exactly
-            out.write("".join(f"{k} {' '.join(format(x, '.9g') for x in v.tolist())}\n"
-                              for k, v in zip(keys[start : start + _CHUNK_ROWS], chunk, strict=True)).encode())
 
 
 # ----------------------------------------------------------------------------------------------- neighbours

@@ -5,7 +5,7 @@ permanent), a crash (1, permanent) and a kill (137) or a SIGTERM checkpoint (143
 and the local backend both run it as `python -m kembed_trainer.launch <torchrun arguments>`: the same
 arguments, the same launch code (torch.distributed.run.run), but the process then exits with
 - the first failed worker's exit code (128 + N when a signal N killed it), or 2 when any worker exited 2 (bad
-  config or data: its peers then often fail only because it left, and sometimes before it is noticed), or else 3
+  config or data: its peers then often fail only because it left, and sometimes before it is noticed), or else 4
   when any worker ran out of memory (for the same reason),
 - 128 + N when the launcher itself got signal N (SIGTERM: the workers were asked to checkpoint and stop),
 - 0 when every worker succeeded.
@@ -14,7 +14,7 @@ arguments, the same launch code (torch.distributed.run.run), but the process the
 import signal
 import sys
 
-from kembed_contract.runtime import EXIT_BAD_CONFIG, EXIT_OUT_OF_MEMORY
+from kembed_contract.runtime import EXIT_BAD_CONFIG, EXIT_OUT_OF_MEMORY, exit_code
 
 
 def main(argv=None):
@@ -28,13 +28,12 @@ def main(argv=None):
         telling = [sorted((r, f) for r, f in failed.failures.items() if f.exitcode == code)
                    for code in (EXIT_BAD_CONFIG, EXIT_OUT_OF_MEMORY)]
         rank, failure = next((t[0] for t in telling if t), None) or failed.get_first_failure()
-        code = failure.exitcode
-        code = 128 - code if code < 0 else code  # a negative exit code is the signal that ended the worker
+        code = exit_code(failure.exitcode)  # a negative exit code is the signal that ended the worker
         print(f"kembed launcher: rank {rank} failed, exit code {code}", file=sys.stderr, flush=True)
         return code or 1
     except SignalException as stopped:
         print(f"kembed launcher: stopped by {signal.Signals(stopped.sigval).name}", file=sys.stderr, flush=True)
-        return 128 + int(stopped.sigval)
+        return exit_code(-int(stopped.sigval))
     return 0
 
 

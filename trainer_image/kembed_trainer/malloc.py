@@ -2,7 +2,7 @@
 
 Building the tables and the data leaves hundreds of MB of freed blocks in glibc's heap (it only returns memory
 at the top of the heap, and after large frees it serves ever larger requests from the heap instead of mmap).
-On the benchmark's 2-rank DLRM a `malloc_trim` after start-up lowered each rank's peak RSS by ~50 MB: the
+On the trainer benchmark's 2-rank CTR job a `malloc_trim` after start-up lowered each rank's peak RSS by ~50 MB: the
 training step's temporaries no longer land on top of start-up leftovers. A no-op where glibc is not there.
 """
 

@@ -1,8 +1,8 @@
 """What each embedding row stands for, saved in every checkpoint so its vectors can be used elsewhere.
 
 A checkpoint's `step-N/` holds, besides DCP's files:
-- `tables.json` (rank 0): every table (name, rows, width, features, whether ids are hashed) and, for word2vec,
-  the vocabulary: row i of the `center` and `context` tables is the word `vocabulary[i]`.
+- `tables.json` (rank 0): every table (name, rows, width, features, whether ids are hashed) and, for a model
+  kind with a vocabulary, the vocabulary: row i of its tables is the word `vocabulary[i]`.
 - `ids/<table>.rank-<r>.parquet` (each rank, hashed tables of table data only): the distinct raw ids that rank has
   read, as text, the row each one hashes to and the int64 it hashes from (`feature`, `id`, `row`, `hash`). Several
   ids may share a row (a hash collision); the union over ranks is every id trained on. Table data is streamed, so
@@ -37,7 +37,7 @@ def ids_file(table: str, rank: int) -> str:
 
 def rows_meaning(cfg: config.TrainerConfig, table: config.TableConfig) -> str:
     """`words` (the vocabulary), `hashed_ids` (see the ids files) or `ids` (raw id i is row i)."""
-    if cfg.model.kind == "word2vec":
+    if cfg.model.has_vocabulary:
         return "words"
     return "hashed_ids" if table.hash_ids else "ids"
 
@@ -49,8 +49,8 @@ def checkpoint_files(cfg: config.TrainerConfig, data: Any, *, rank: int) -> dict
         manifest: dict[str, Any] = {
             "format": FORMAT_VERSION,
             "model": cfg.model.kind,
-            # two_tower with biases: the last coordinate of every row is the id's bias, not a factor.
-            "bias_column": cfg.model.kind == "two_tower" and cfg.model.biases,
+            # The last coordinate of every row is the id's bias, not a factor.
+            "bias_column": cfg.model.bias_column,
             "tables": [
                 {
                     "name": t.name,

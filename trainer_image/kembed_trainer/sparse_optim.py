@@ -97,8 +97,8 @@ def _add_rows(weight: torch.Tensor, rows: torch.Tensor, change: torch.Tensor) ->
 
 
 def learning_rate(cfg: config.SparseOptimizerConfig, step: float, total_steps: int) -> float:
-    """The rate at `step`: `lr`, or with `min_lr` falling linearly to it at the last step (word2vec's alpha
-    schedule)."""
+    """The rate at `step`: `lr`, or with `min_lr` falling linearly to it at the last step (gensim's alpha
+    to min_alpha)."""
     if cfg.min_lr is None:
         return cfg.lr
     return cfg.lr - (cfg.lr - cfg.min_lr) * min(step / max(total_steps, 1), 1.0)

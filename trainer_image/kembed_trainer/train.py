@@ -19,19 +19,17 @@ from kembed_contract import trainer_config as config
 from kembed_trainer import (
     best,
     checkpoint,
-    data,
     delta,
     embedding,
+    kinds,
     malloc,
     metrics,
-    models,
     report,
     row_index,
     sparse_optim,
     sparsity,
     step_writer,
     storage,
-    word_eval,
 )
 from kembed_trainer import dist as kdist
 
@@ -53,24 +51,20 @@ class Trainer:
             world_size=env.world_size,
             rank=env.rank,
         )
-        self.task = models.build_task(cfg)
-        self.data = data.build_data(cfg, rank=env.rank, world_size=env.world_size, guard=guard,
-                                    ratings=self.task.ratings)
+        self.kind = kinds.model(cfg.model.kind)  # what the model kind trains and measures its own way
+        self.task = self.kind.task(cfg)
+        self.data = kinds.data_source(cfg, rank=env.rank, world_size=env.world_size, guard=guard)
         self._ahead = _BatchAhead(self.data)  # the next batch, for tiered tables to fetch its rows meanwhile
         self.total_steps, self.dataset = self._size_up_data()
-        dense = models.build_dense_model(cfg).to(env.device)
-        self.dense = dense  # unwrapped: two-tower's encode() for recall@k
+        dense = self.kind.dense_model(cfg).to(env.device)
         metric, higher = cfg.best_metric
         self.best = best.Best(metric, higher_is_better=higher, patience=cfg.evaluation.patience,
                               metrics=sorted(cfg.eval_metrics))
-        evaluation = cfg.evaluation
-        self.word_eval = (
-            word_eval.WordEval(self.data.vocab, neighbours_of=evaluation.neighbours_of, k=evaluation.neighbours_k,
-                               analogies_uri=evaluation.analogies_uri, guard=guard)
-            if cfg.model.kind == "word2vec" else None
-        )
+        # Handed the unwrapped model: a kind's metrics may call its own methods.
+        self.evaluator = self.kind.evaluator(cfg, model=dense, embeddings=self.embeddings, data=self.data,
+                                             guard=guard, device=env.device)
         self.masks = sparsity.Masks(cfg.sparsity, dense, seed=cfg.training.seed)
-        has_params = any(True for _ in dense.parameters())  # word2vec has none: nothing for DDP to do
+        has_params = any(True for _ in dense.parameters())  # a model all in its tables: nothing for DDP to do
         self.model = DistributedDataParallel(dense) if env.distributed and has_params else dense
         if isinstance(self.model, DistributedDataParallel) and cfg.distributed.grad_compression != "none":
             hook = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}
@@ -96,7 +90,9 @@ class Trainer:
             if cfg.checkpoint.uri
             else None
         )
-        self.skipgram = self._compiled_skipgram() if cfg.model.kind == "word2vec" else None
+        self.compiled = self.kind.compiled_step(cfg, data=self.data, embeddings=self.embeddings,
+                                                total_steps=self.total_steps, rank=env.rank,
+                                                world_size=env.world_size)
         self.step = 0
         self._last_eval: dict | None = None
         self._last_eval_step: int | None = None
@@ -116,6 +112,8 @@ class Trainer:
         if self.cfg.training.epochs is not None and hasattr(self.data, "total_steps"):
             # Streamed data knows where its epochs end from its position (a resume at another world size moves it).
             self.total_steps = self.data.total_steps(self.cfg.training.epochs, self.step)
+            if self.compiled:
+                self.compiled.total_steps = self.total_steps  # a compiled step's learning rate falls to the new end
         total = self.total_steps
         self.reporter.emit(
             runtime.EVENT_STARTED,
@@ -175,31 +173,17 @@ class Trainer:
         """Wait for the checkpoint writer's thread to end (before the process groups are destroyed)."""
         if self.checkpointer:
             self.checkpointer.close()
-        if self.skipgram:
-            self.skipgram.close()
+        if self.compiled:
+            self.compiled.close()
         if hasattr(self.data, "close"):
             self.data.close()  # the reader's thread
         self.embeddings.close()  # tiered tables' threads and files
 
     # ------------------------------------------------------------------------------------------- steps
-    def _compiled_skipgram(self):
-        """word2vec trains in compiled code straight on the tables: no batches, no autograd, no optimizer."""
-        from kembed_trainer import word2vec_sgd  # numba only where it is used: other models start faster
-
-        return word2vec_sgd.SkipGramSGD(
-            self.cfg,
-            self.data,
-            self.embeddings,
-            total_steps=self.total_steps,
-            threads=torch.get_num_threads(),
-            rank=self.env.rank,
-            world_size=self.env.world_size,
-        )
-
     def train_step(self) -> tuple[torch.Tensor, float]:
         """One step; (its loss, the seconds it spent getting its batch)."""
-        if self.skipgram:
-            return self.skipgram.step(self.step), 0.0
+        if self.compiled:  # a kind that trains in its own code (no batches, no autograd, no optimizer)
+            return self.compiled.step(self.step), 0.0
         self.embeddings.lr = sparse_optim.learning_rate(
             self.cfg.optimizer.sparse, self.step, self.total_steps
         )
@@ -214,7 +198,7 @@ class Trainer:
             data_seconds += time.perf_counter() - fetching
         with self._autocast():
             loss = self.task.loss(self.model(batch.dense, pooled), batch.labels)
-        del pooled  # the model has its own copy (DLRM's concatenation): free these before the backward
+        del pooled  # the model has its own copy (a concatenation): free these before the backward
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # DDP averages the dense gradients here
@@ -229,8 +213,6 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
         scores, labels = [], []
-        retrieval = "recall_at_k" in self.cfg.eval_metrics
-        encoded: list[tuple[torch.Tensor, ...]] = []  # two-tower: (user, item, item bias) for recall@k
         for batch in _until_all_ranks_done(
             self.data.eval_batches(), self.embeddings.exchanges, self.env.device
         ):
@@ -241,28 +223,18 @@ class Trainer:
             pooled = self.embeddings(batch)
             with self._autocast():
                 scores.append(self.model(batch.dense, pooled).float())
-                if retrieval:
-                    encoded.append(tuple(t.float() for t in self.dense.encode(pooled)[:3]))
+                if self.evaluator is not None:
+                    self.evaluator.on_batch(pooled)
             labels.append(batch.labels)
         self.embeddings.discard_lookup()
         self.embeddings.tier_stats()  # eval's lookups are not training's: the next progress record leaves them out
         self.model.train()
         empty = torch.empty(0, device=self.env.device)
         scores_t, labels_t = (torch.cat(x) if x else empty for x in (scores, labels))
-        labels_all = _gather(labels_t)
-        result = self.task.evaluate(_gather(scores_t), labels_all)
-        if retrieval:
-            model, dim = self.cfg.model, self.cfg.embeddings.tables[0].embedding_dim
-            width = model.tower_mlp[-1] if model.tower_mlp else dim - int(model.biases)
-            # Every rank gathers, with or without eval rows of its own (all_gather is collective).
-            user, item = (_gather(torch.cat([e[j] for e in encoded]).reshape(-1) if encoded else empty).view(-1, width)
-                          for j in (0, 1))
-            item_bias = _gather(torch.cat([e[2] for e in encoded]) if encoded else empty)
-            result["recall_at_k"] = metrics.recall_at_k(user, item, item_bias, labels_all,
-                                                        self.cfg.evaluation.recall_k)
-        if self.word_eval is not None:
-            center = next(t.name for t in self.cfg.embeddings.tables if "center" in t.features)
-            result.update(self.word_eval(self.embeddings.full_weight(center)))
+        labels_all = kdist.gather(labels_t)
+        result = self.task.evaluate(kdist.gather(scores_t), labels_all)
+        if self.evaluator is not None:  # every rank, with or without eval rows of its own (it may gather)
+            result.update(self.evaluator.finish(labels_all))
         return result
 
     # ------------------------------------------------------------------------------------------- checkpoints
@@ -513,18 +485,3 @@ def _until_all_ranks_done(batches, in_lockstep: bool, device: torch.device):
         if more.item() == 0:
             return
         yield batch
-
-
-def _gather(t: torch.Tensor) -> torch.Tensor:
-    """Concatenate a 1-d tensor of varying length from every rank."""
-    if not dist.is_initialized():
-        return t
-    n = torch.tensor([t.numel()], device=t.device)
-    sizes = [torch.empty_like(n) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, n)
-    width = int(max(s.item() for s in sizes))
-    padded = torch.zeros(width, dtype=t.dtype, device=t.device)
-    padded[: t.numel()] = t
-    out = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(out, padded)
-    return torch.cat([o[: int(s.item())] for o, s in zip(out, sizes, strict=True)])

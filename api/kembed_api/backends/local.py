@@ -63,7 +63,7 @@ class _Gang:
 def _exit_code(process: subprocess.Popen) -> int | None:
     """The node's exit code as a shell reports it (128 + N when signal N ended it); None while it runs."""
     code = process.poll()
-    return 128 - code if code is not None and code < 0 else code
+    return None if code is None else runtime.exit_code(code)
 
 
 def _is_our_process(pid: int, job_id: str) -> bool:

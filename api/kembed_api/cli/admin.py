@@ -152,15 +152,18 @@ def tenants_usage(name: Annotated[str | None, typer.Argument(help="Default: the 
     usage = request(server, lambda client: client.usage(name))
     used, quota = usage["used"], usage["quota"]
     console.print(f"[bold]{usage['tenant']}[/bold]  quota: {_show_quota(quota)}")
-    console.print(f"used: {used['gpus']:g} GPUs, {used['cpu']:g} CPU, {used['memory_bytes'] / 2**30:.1f} GiB, "
-                  f"{used['running_jobs']} running jobs; {usage['queued_jobs']} queued; "
-                  f"{usage.get('stored_bytes', 0) / 2**30:.2f} GiB stored; {usage['gpu_hours_7d']:.1f} GPU-hours in 7 days")
+    from kembed_contract.quota import QuotaSpec  # pydantic: only where needed, the CLI starts without it
+
+    # Each dimension of the quota something is measured against (kembed_contract.quota): what running jobs hold is
+    # under `used`, the rest (queued jobs, bytes stored) is counted beside it.
+    shown = [d.in_words((used if d.held else usage).get(d.used, 0)) for d in QuotaSpec.dimensions() if d.used]
+    console.print(f"used: {', '.join(shown)}; {usage['gpu_hours_7d']:.1f} GPU-hours in 7 days")
     sharing = usage.get("sharing")
     if sharing:
-        borrowed, lent = sharing["borrowed"], sharing["lent"]
+        def held(amounts: dict[str, Any]) -> str:
+            return ", ".join(d.in_words(amounts.get(d.used, 0)) for d in QuotaSpec.held())
         console.print(f"cohort {sharing['cohort']}: nominal {_show_quota(sharing['nominal'])}; borrowed "
-                      f"{borrowed['gpus']:g} GPUs, {borrowed['cpu']:g} CPU; lent {lent['gpus']:g} GPUs, "
-                      f"{lent['cpu']:g} CPU")
+                      f"{held(sharing['borrowed'])}; lent {held(sharing['lent'])}")
 
 
 @tokens_app.command("create")

@@ -23,7 +23,8 @@ from kembed_api.cli.common import (
     request,
     styled_state,
 )
-from kembed_contract import runtime
+from kembed_contract import kinds
+from kembed_contract import trainer_config as config
 from kembed_contract.lifecycle import JobState
 
 __all__ = ["cancel", "exit_with", "export", "follow_job", "jobs", "logs", "neighbours", "status", "submit"]
@@ -82,29 +83,26 @@ def jobs(
 
 
 def _job_metric(job: dict[str, Any]) -> str:
-    """The one metric that fits the job's kind: rmse for ratings, analogy accuracy for word2vec with analogies,
-    else auc; the result's once it finished, else the latest eval's."""
-    trainer = job["spec"]["trainer"]
-    model = trainer.get("model") or {}
-    if model.get("kind") == "two_tower" and model.get("loss", "mse") == "mse":
-        name = "rmse"
-    elif (trainer.get("evaluation") or {}).get("analogies_uri"):
-        name = "analogy_accuracy"
-    else:
+    """The one metric that fits the job's kind (its `evaluation.metric: auto`: rmse for ratings, analogy accuracy
+    with analogies, else auc); the result's once it finished, else the latest eval's."""
+    try:
+        trainer = config.TrainerConfig.model_validate(job["spec"]["trainer"])
+        name = trainer.model.auto_metric(trainer)
+    except config.ValidationError:  # stored before a rule of today: its metrics are still shown, as clicks'
         name = "auc"
     value = (job["result"] or {}).get(name, job["metrics"].get(f"eval_{name}"))
     label = "analogy" if name == "analogy_accuracy" else name
     return f"{label} {value:.4f}" if isinstance(value, int | float) else "-"
 
 
-_EXPORT_SUFFIXES = runtime.EXPORT_FORMATS
+_EXPORT_SUFFIXES = kinds.EXPORT_FORMATS
 
 
 def export(
     job_id: str,
-    format: Annotated[str, typer.Option("--format", "-f", help="parquet, word2vec-text, word2vec-binary or numpy.")]  # noqa: A002
+    format: Annotated[str, typer.Option("--format", "-f", help=f"{kinds.in_words(tuple(_EXPORT_SUFFIXES))}.")]  # noqa: A002
     = "parquet",
-    table: Annotated[str | None, typer.Option(help="Default: word2vec's center table, else the first.")] = None,
+    table: Annotated[str | None, typer.Option(help=kinds.DEFAULT_TABLE_HELP)] = None,
     step: Annotated[int | None, typer.Option(help="A complete checkpoint's step; default the latest.")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Default: <job>-<table>-step-N.<ext>.")]
     = None,
@@ -138,7 +136,7 @@ def neighbours(
     job_id: str,
     word: str,
     k: Annotated[int, typer.Option("-k", help="How many.")] = 10,
-    table: Annotated[str | None, typer.Option(help="Default: word2vec's center table, else the first.")] = None,
+    table: Annotated[str | None, typer.Option(help=kinds.DEFAULT_TABLE_HELP)] = None,
     server: ServerOption = "http://127.0.0.1:8080",
 ) -> None:
     """The nearest words (or ids) to WORD by cosine similarity, from the job's latest checkpoint."""
@@ -164,7 +162,7 @@ def status(job_id: str, server: ServerOption = "http://127.0.0.1:8080") -> None:
         console.print("result     " + ", ".join(f"{k}={fmt(v)}" for k, v in job["result"].items()))
     if job.get("dataset"):
         console.print("dataset    " + ", ".join(f"{k}={v:,}" for k, v in job["dataset"].items()))
-    console.print(f"checkpoint {job['checkpoint'] or '-'}")
+    console.print(f"latest checkpoint {job['latest_checkpoint_uri'] or '-'}")
     events = Table("TIME", "STATE", "REASON", "MESSAGE", title="events")
     for event in job["events"]:
         events.add_row(event["time"][:19].replace("T", " "), styled_state(event["state"]), event["reason"],
@@ -221,7 +219,7 @@ def _print_outcome(job: dict[str, Any]) -> None:
     console.print(f"\nfinal state: {styled_state(job['state'])} ({job['reason']})")
     for name, value in (job["result"] or {}).items():
         console.print(f"eval {name}: [bold]{fmt(value)}[/bold]")
-    console.print(f"checkpoint: {job['checkpoint'] or '-'}")
+    console.print(f"latest checkpoint: {job['latest_checkpoint_uri'] or '-'}")
 
 
 def exit_with(job: dict[str, Any]) -> None:

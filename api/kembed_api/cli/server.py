@@ -99,7 +99,7 @@ def demo(
         ".kembed/demo"
     ),
 ) -> None:
-    """Start the embedded server, submit the sample DLRM job over HTTP and follow it to the end."""
+    """Start the embedded server, submit the sample CTR job (samples/demo-ctr.yaml) over HTTP and follow it to the end."""
     shutil.rmtree(data_dir, ignore_errors=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -117,7 +117,8 @@ def demo(
                       f"(sign in with the token in {data_dir / ADMIN_TOKEN_FILE})")
         with Client(url, token=token) as client:
             spec = yaml.safe_load(resources.files("kembed_api.samples").joinpath("demo-ctr.yaml").read_text())
-            console.print(f"POST {url}/v1/jobs  (sample job: {spec['name']}, DLRM on synthetic Zipf click data)")
+            console.print(f"POST {url}/v1/jobs  (sample job: {spec['name']}, "
+                          f"{spec['trainer']['model']['kind']} on synthetic Zipf click data)")
             job = client.submit(spec)
             console.print(f"submitted [bold]{job['id']}[/bold]")
             job = follow_job(client, job["id"])

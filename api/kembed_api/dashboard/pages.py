@@ -24,9 +24,10 @@ from kembed_api.auth import sessions
 from kembed_api.auth.principal import Principal, session_principal
 from kembed_api.auth.roles import Action, Role, allowed
 from kembed_api.jobs import errors, reads
-from kembed_contract import lifecycle
+from kembed_contract import lifecycle, runtime
+from kembed_contract.quota import QuotaSpec
 
-__all__ = ["HOME", "STATIC_DIR", "router"]
+__all__ = ["HOME", "QUOTA_DIMENSIONS", "STATIC_DIR", "router"]
 
 HOME = "/dashboard"
 SIGN_IN = f"{HOME}/sign-in"
@@ -40,6 +41,12 @@ STATIC_DIR = Path(__file__).parent / "static"
 # The lifecycle's states as the page script needs them (which end a job, how each looks): served, not restated.
 _STATE_TONES = json.dumps({state.value: tone.value for state, tone in lifecycle.STATE_TONES.items()}
                           | {"terminal": sorted(s.value for s in lifecycle.TERMINAL_STATES)})
+# The quota's dimensions as the page script draws them (a bar, a column, a form field each): served, not restated.
+QUOTA_DIMENSIONS = json.dumps([
+    {"field": d.field, "amount": d.amount, "label": d.label, "unit": d.unit, "kind": d.stored.value, "used": d.used,
+     "held": d.held is not None}
+    for d in QuotaSpec.dimensions()
+])
 
 
 async def _principal(request: Request) -> Principal | None:
@@ -62,6 +69,7 @@ def _render(request: Request, template: str, principal: Principal | None, *, sta
         csrf_header=sessions.CSRF_HEADER,
         home=HOME,
         state_tones=_STATE_TONES,
+        quota_dimensions=QUOTA_DIMENSIONS,
     )
     response = templates.TemplateResponse(request, template, context, status_code=status_code)
     # Pages hold nothing secret but are per-user: never stored by shared caches; no framing (clickjacking).
@@ -182,7 +190,10 @@ async def job_page(request: Request, job_id: str) -> Response:
         return _to_sign_in()
     if len(job_id) > 63 or not await run_in_threadpool(_job_exists, request, principal, job_id):
         return _not_found(request, principal, f"job {job_id}")
-    return _render(request, "job.html", principal, page="job", job_id=job_id)
+    # What the job's checkpoint folder is when its spec named none (one rule, kembed_contract.runtime's): "Submit
+    # again" gives the new job a folder of its own unless the old one named its own.
+    default_folder = runtime.job_checkpoint_folder(request.app.state.storage.own_folder(principal.tenant.name), job_id)
+    return _render(request, "job.html", principal, page="job", job_id=job_id, default_checkpoint_folder=default_folder)
 
 
 @router.get(f"{HOME}/tokens", response_class=HTMLResponse)

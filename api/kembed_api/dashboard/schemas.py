@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from kembed_api.jobs.schemas import Progress
+from kembed_api.quota.admission import DIMENSIONS
 from kembed_api.tenants.schemas import QuotaSpec, Usage, UsageAmounts
 from kembed_contract.lifecycle import JobState
 
@@ -43,8 +44,8 @@ class TeamOverview(BaseModel):
 
     generated_at: datetime
     usage: Usage
-    quota_memory_bytes: int | None = Field(description="usage.quota.memory in bytes (null = unlimited).")
-    quota_storage_bytes: int | None = Field(None, description="usage.quota.storage in bytes (null = unlimited).")
+    quota_amounts: dict[str, int | float | None] = Field(
+        description="usage.quota as numbers, by amount name (memory_bytes, storage_bytes, ...; null = unlimited).")
     queue: list[JobSummary] = Field(description="The head of the queue in admission order (at most `queue_limit`).")
     queue_limit: int
     running: list[JobSummary] = Field(description="Jobs holding quota now (admitted, running, restarting).")
@@ -83,17 +84,17 @@ class TenantOverview(BaseModel):
     quota: QuotaSpec
     used: UsageAmounts
     queued_jobs: int
+    stored_bytes: int = Field(0, description="Bytes its jobs keep (checkpoints, logs), against quota.storage.")
     avg_queue_wait_s_7d: float | None = Field(description="Mean submission-to-admission wait over 7 days.")
 
 
-class Capacity(BaseModel):
-    """Amounts where null means unbounded (or not known to the backend)."""
-
-    gpus: float | None = None
-    cpu: float | None = None
-    memory_bytes: int | None = None
-    running_jobs: int | None = None
-    processes: int | None = Field(None, description="Trainer processes at once (the local backend's slots).")
+# Amounts where null means unbounded (or not known to the backend): one per dimension of admission (the quota's
+# that running jobs hold, and the backend's trainer processes), named like UsageAmounts' fields.
+Capacity = create_model(
+    "Capacity", __module__=__name__, __doc__="Amounts where null means unbounded (or not known to the backend).",
+    **{d.demand: (int | None if d.whole else float | None, Field(None, description=f"In {d.unit}."))
+       for d in DIMENSIONS},
+)
 
 
 class ClusterOverview(BaseModel):

@@ -27,9 +27,10 @@ from kembed_api.jobs.models import Job, JobEvent
 from kembed_api.jobs.queue_forecast import expected_end
 from kembed_api.jobs.schemas import Progress
 from kembed_api.platform.db import Executor, utcnow
-from kembed_api.quota.admission import Quota
+from kembed_api.quota.admission import DIMENSIONS, Quota
+from kembed_api.quota.demand import HELD_SUMS, no_usage, usage_amounts
 from kembed_api.tenants import service as tenants
-from kembed_api.tenants.models import Tenant
+from kembed_api.tenants.models import Tenant, quota_columns
 from kembed_api.tenants.schemas import UsageAmounts
 from kembed_contract.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState
 
@@ -83,7 +84,7 @@ def overview(session: Executor, *, tenant: Tenant, forecast: Callable[[], Foreca
     finished = [_summary(row, result=row.result) for row in session.execute(_FINISHED, params)]
     return TeamOverview(
         generated_at=now, usage=tenants.usage(session, tenant=tenant, now=now),
-        quota_memory_bytes=tenant.quota_memory_bytes, quota_storage_bytes=tenant.quota_storage_bytes,
+        quota_amounts=quota_columns(tenant),
         queue=queue, queue_limit=QUEUE_LIMIT,
         running=running, finished=finished, jobs_by_state=dict(session.execute(_BY_STATE, params).all()),
     )
@@ -186,10 +187,8 @@ def to_csv(history: UsageHistory) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ cluster
-_USED_PER_TENANT = select(
-    Job.tenant_id, func.count(), func.coalesce(func.sum(Job.gpus), 0), func.coalesce(func.sum(Job.cpu), 0.0),
-    func.coalesce(func.sum(Job.memory_bytes), 0),
-).where(or_(*(Job.state == s for s in ACTIVE_STATES))).group_by(Job.tenant_id)
+_USED_PER_TENANT = select(Job.tenant_id, *HELD_SUMS).where(
+    or_(*(Job.state == s for s in ACTIVE_STATES))).group_by(Job.tenant_id)
 _WAITS_SINCE = select(Job.tenant_id, Job.created_at, Job.admitted_at).where(Job.admitted_at >= bindparam("since"))
 
 
@@ -200,24 +199,18 @@ def _sum_limits(values: list[float | None]) -> float | None:
 def cluster(session: Executor, *, capacity: Quota, now: datetime | None = None) -> ClusterOverview:
     now = now or utcnow()
     every = tenants.list_tenants(session)
-    used = {row[0]: UsageAmounts(running_jobs=row[1], gpus=row[2], cpu=row[3], memory_bytes=row[4])
-            for row in session.execute(_USED_PER_TENANT)}
+    used = {tenant_id: usage_amounts(sums) for tenant_id, *sums in session.execute(_USED_PER_TENANT)}
     waits: dict[int, list[float]] = defaultdict(list)
     for tenant_id, created_at, admitted_at in session.execute(_WAITS_SINCE, {"since": now - timedelta(days=7)}):
         waits[tenant_id].append((admitted_at - created_at).total_seconds())
-    nothing = UsageAmounts(gpus=0, cpu=0, memory_bytes=0, running_jobs=0)
+    nothing = no_usage()
     rows = [TenantOverview(name=t.name, quota=tenants.quota_spec(t), used=used.get(t.id, nothing),
-                           queued_jobs=t.queued_jobs, avg_queue_wait_s_7d=_mean(waits[t.id])) for t in every]
-    total_memory = _sum_limits([t.quota_memory_bytes for t in every])
+                           queued_jobs=t.queued_jobs, stored_bytes=t.stored_bytes or 0,
+                           avg_queue_wait_s_7d=_mean(waits[t.id])) for t in every]
     return ClusterOverview(
-        capacity=Capacity(gpus=capacity.gpus, cpu=capacity.cpu, memory_bytes=capacity.memory_bytes,
-                          running_jobs=capacity.max_running_jobs, processes=capacity.max_processes),
-        sum_of_quotas=Capacity(gpus=_sum_limits([t.quota_gpus for t in every]),
-                               cpu=_sum_limits([t.quota_cpu for t in every]),
-                               memory_bytes=None if total_memory is None else int(total_memory),
-                               running_jobs=_sum_limits([t.quota_max_running_jobs for t in every])),
-        used=UsageAmounts(gpus=sum(u.gpus for u in used.values()), cpu=sum(u.cpu for u in used.values()),
-                          memory_bytes=sum(u.memory_bytes for u in used.values()),
-                          running_jobs=sum(u.running_jobs for u in used.values())),
+        capacity=Capacity(**{d.demand: getattr(capacity, d.limit) for d in DIMENSIONS}),
+        sum_of_quotas=Capacity(**{d.demand: _sum_limits([getattr(t, f"quota_{d.limit}") for t in every])
+                                  for d in DIMENSIONS if d.of_quota}),
+        used=usage_amounts([sum(getattr(u, name) for u in used.values()) for name in UsageAmounts.model_fields]),
         tenants=rows,
     )

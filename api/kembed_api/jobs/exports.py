@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from kembed_api.jobs import checkpoint_reader, checkpoints
-from kembed_contract import runtime
+from kembed_contract import kinds, runtime
 from kembed_contract.storage_policy import StorageDenied, StoragePolicy, UriError
 from kembed_trainer.storage import Guard
 
 __all__ = ["CheckpointRefused", "Export", "ExportBusy", "ExportUnavailable", "NoCheckpoint", "export_file", "find_checkpoint",
            "nearest"]
 
-FORMATS = tuple(runtime.EXPORT_FORMATS)
+FORMATS = tuple(kinds.EXPORT_FORMATS)
 _COPY_BYTES = 64 << 30  # an s3:// chain is copied for the worker: at most this much
 _MESSAGE_CHARS = 500  # of a worker's error message (its own words; bounded all the same)
 
@@ -106,7 +106,7 @@ def _limits(chain: list[checkpoints.CheckpointRead]) -> checkpoint_reader.Limits
     share = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (2 * checkpoint_reader.MAX_READERS)
     return checkpoint_reader.Limits(
         memory_bytes=max(base.memory_bytes, min(share, base.memory_bytes + 4 * num_bytes)),
-        output_bytes=(256 << 20) + 8 * num_bytes,  # word2vec text: ~16 characters for each 4-byte float
+        output_bytes=(256 << 20) + 8 * num_bytes,  # a text format: ~16 characters for each 4-byte float
     )
 
 
@@ -192,7 +192,7 @@ def export_file(uri: str | None, *, job_id: str, fmt: str, table: str | None, st
     KEMBED_TRAINER_SANDBOX (auto, landlock, off)."""
     _require_torch()
     chosen, chain = _find(uri, step, preferred=preferred, policy=policy)
-    suffix = runtime.EXPORT_FORMATS[fmt]
+    suffix = kinds.EXPORT_FORMATS[fmt]
     fd, path = tempfile.mkstemp(prefix="kembed-export-", suffix=suffix)
     try:
         with os.fdopen(fd, "wb") as sink:

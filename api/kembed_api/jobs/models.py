@@ -7,11 +7,22 @@ from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, Stri
 from sqlalchemy.orm import Mapped, mapped_column
 
 from kembed_api.platform.db import Base, UTCDateTime, utcnow
+from kembed_contract.quota import QuotaSpec, Stored
 
-__all__ = ["Job", "JobEvent", "JobMetric"]
+__all__ = ["HELD_COLUMNS", "Job", "JobEvent", "JobMetric"]
+
+_COLUMN_TYPES = {Stored.COUNT: Integer, Stored.CORES: Float, Stored.BYTES: BigInteger}
+# What the whole gang holds of each dimension of the quota that running jobs hold (nodes x per node, from the
+# contract's QuotaSpec.held(): `gpus`, `cpu`, `memory_bytes`, ...), kept as columns so quota sums are one query. A
+# dimension that counts jobs has none: each job holds one.
+HELD_COLUMNS = tuple(d.used for d in QuotaSpec.held() if not d.counts_jobs)
+_HeldColumns = type("_HeldColumns", (), {
+    d.used: mapped_column(_COLUMN_TYPES[d.stored], default=0, nullable=False)
+    for d in QuotaSpec.held() if not d.counts_jobs
+})
 
 
-class Job(Base):
+class Job(_HeldColumns, Base):
     __tablename__ = "jobs"
     __table_args__ = (
         UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
@@ -27,10 +38,8 @@ class Job(Base):
     name: Mapped[str] = mapped_column(String(48))
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     priority: Mapped[int] = mapped_column(Integer, default=0)
-    # What the whole gang requests (nodes x per-node), kept as columns so quota sums are one query.
-    gpus: Mapped[int] = mapped_column(Integer, default=0)
-    cpu: Mapped[float] = mapped_column(Float, default=0.0)
-    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    # What the whole gang holds: a column per dimension of the quota (`gpus`, `cpu`, `memory_bytes`, ...; see
+    # _HeldColumns above), and of the backend's, its trainer processes.
     processes: Mapped[int] = mapped_column(Integer, default=0)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
     # SHA-256 of the submitted spec (JobSpec.canonical_hash) of a keyed submission: a repeat of the key must
@@ -52,7 +61,9 @@ class Job(Base):
     total_steps: Mapped[int] = mapped_column(Integer, default=0)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
-    checkpoint_uri: Mapped[str | None] = mapped_column(Text, default=None)
+    # The latest complete checkpoint its trainers reported (a `step-N` folder) and its step; not the spec's
+    # trainer.checkpoint.uri, which is the folder they all go in.
+    latest_checkpoint_uri: Mapped[str | None] = mapped_column(Text, default=None)
     checkpoint_step: Mapped[int | None] = mapped_column(Integer, default=None)
     # Storage the job takes (kembed_api.jobs.storage_use): its checkpoint folder after its latest save and pruning, as
     # its trainer counted it; its logs on this server (local backend).

@@ -8,10 +8,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from kembed_api.jobs.demand import DEMAND_COLUMNS, demand_from_columns
 from kembed_api.jobs.models import Job
 from kembed_api.platform.db import utcnow
 from kembed_api.quota.admission import Quota, RunningJob, estimate_start_times
+from kembed_api.quota.demand import DEMAND_COLUMNS, demand_of_row
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import quota_of
 from kembed_contract.lifecycle import ACTIVE_STATES, JobState
@@ -73,7 +73,7 @@ def queue_forecast(
         return version, {}
     active = session.execute(_ACTIVE_JOBS)
     running = [
-        RunningJob(demand_from_columns(r.gpus, r.cpu, r.memory_bytes, r.processes),
+        RunningJob(demand_of_row(r),
                    expected_end(started_at=r.started_at, step=r.step, total_steps=r.total_steps, now=now),
                    own=r.tenant_id == tenant.id)
         for r in active
@@ -83,7 +83,7 @@ def queue_forecast(
     queued = session.execute(_QUEUE_DEMANDS, {"tenant_id": tenant.id}, execution_options={"yield_per": 256})
     starts = estimate_start_times(
         quota=quota_of(tenant), capacity=capacity, running=running, now=now,
-        queued=((demand_from_columns(r.gpus, r.cpu, r.memory_bytes, r.processes), durations.get(r.name))
+        queued=((demand_of_row(r), durations.get(r.name))
                 for r in queued),
     )
     queued.close()

@@ -131,7 +131,7 @@ def to_read(
         metrics=job.metrics,
         result=job.result,
         dataset=job.dataset,
-        checkpoint=job.checkpoint_uri,
+        latest_checkpoint_uri=job.latest_checkpoint_uri,
         checkpoint_step=job.checkpoint_step,
         queue_position=queue[0] if queue else None,
         estimated_start_at=queue[1] if queue else None,

@@ -46,7 +46,7 @@ _RECORD_KEYS = frozenset({"event", "step", "time", "total_steps", "run", "seq"})
 def _checkpoint_at(job: Job, uri: str, step: int) -> None:
     """The job's latest checkpoint is this one, unless a later step's was reported already."""
     if job.checkpoint_step is None or step >= job.checkpoint_step:
-        job.checkpoint_uri, job.checkpoint_step = uri, step
+        job.latest_checkpoint_uri, job.checkpoint_step = uri, step
 
 
 def apply_report(session: Session, *, job: Job, record: ReportRecord, now: datetime | None = None) -> None:
@@ -76,14 +76,14 @@ def apply_report(session: Session, *, job: Job, record: ReportRecord, now: datet
         job.metrics = {**job.metrics, **values}
     elif record.event == runtime.EVENT_EVAL:
         job.metrics = {**job.metrics, **{f"eval_{k}": v for k, v in values.items()}}
-    elif record.event == runtime.EVENT_CHECKPOINT and isinstance(values.get("uri"), str):
-        _checkpoint_at(job, values["uri"], record.step)
+    latest = runtime.latest_checkpoint_reported(record.event, values)
+    if latest is not None:
+        _checkpoint_at(job, latest, record.step)
+    if record.event == runtime.EVENT_CHECKPOINT and latest is not None:
         stored = values.get("stored_bytes")
         if isinstance(stored, int) and not isinstance(stored, bool) and 0 <= stored < 2**63:
             storage_use.record_job_bytes(session, job, checkpoint_bytes=stored)
     elif record.event == runtime.EVENT_DONE:
         job.result = values.get("eval") if isinstance(values.get("eval"), dict) else {}
-        if isinstance(values.get("checkpoint"), str):
-            _checkpoint_at(job, values["checkpoint"], record.step)
     session.add(JobMetric(job_seq=job.seq, time=now or utcnow(), event=record.event, step=record.step,
                           values=values))

@@ -32,6 +32,7 @@ from kembed_api.jobs.schemas import (
 from kembed_api.platform import bodies, errors
 from kembed_api.platform.responses import ModelResponse
 from kembed_api.tenants.service import policy_of
+from kembed_contract import kinds
 from kembed_contract import spec as job_spec
 from kembed_contract.lifecycle import JobState
 from kembed_contract.storage_policy import Access, StorageDenied, UriError
@@ -284,15 +285,15 @@ def _result_step(job: Job) -> int | None:
     responses={**_READS, **_EXPORT_ERRORS,
                200: {"content": {"application/octet-stream": {}},
                      "description": "The file, with Content-Length and a file name (Content-Disposition)."}},
-    summary="A job's embeddings as a file (Parquet, word2vec text or binary, NumPy)",
+    summary=f"A job's embeddings as a file ({kinds.in_words(exports.FORMATS)})",
 )
 def export_job(
     job_id: str,
     request: Request,
     db: Db,
     principal: Reader,
-    format: Annotated[Literal[exports.FORMATS], Query(description="parquet, word2vec-text, word2vec-binary or numpy.")],  # noqa: A002
-    table: Annotated[str | None, Query(max_length=200, description="Default: word2vec's center table, else the first.")] = None,
+    format: Annotated[Literal[exports.FORMATS], Query(description=f"{kinds.in_words(exports.FORMATS)}.")],  # noqa: A002
+    table: Annotated[str | None, Query(max_length=200, description=kinds.DEFAULT_TABLE_HELP)] = None,
     step: Annotated[int | None, Query(ge=0, description="A complete checkpoint's step; default the job's result "
                                                           "(its best eval's) once it succeeded, else the latest.")] = None,
 ) -> FileResponse:
@@ -318,7 +319,7 @@ def job_neighbours(
     request: Request,
     db: Db,
     principal: Reader,
-    word: Annotated[str, Query(min_length=1, max_length=1000, description="A word (word2vec) or an id.")],
+    word: Annotated[str, Query(min_length=1, max_length=1000, description="A word (a model with a vocabulary) or an id.")],
     k: Annotated[int, Query(ge=1, le=1000)] = 10,
     table: Annotated[str | None, Query(max_length=200)] = None,
 ) -> NeighboursRead:

@@ -46,8 +46,8 @@ class JobRead(BaseModel):
         json_schema_extra={
             "examples": [
                 {
-                    "id": "ctr-dlrm-x7k2p",
-                    "name": "ctr-dlrm",
+                    "id": "ctr-clicks-x7k2p",
+                    "name": "ctr-clicks",
                     "tenant": "default",
                     "state": "RUNNING",
                     "reason": "Started",
@@ -79,8 +79,9 @@ class JobRead(BaseModel):
         description="The training data's size as the trainer read it (null until it started): `train_rows`, "
         "`eval_rows` (table data); `train_sentences`, `train_tokens`, `eval_sentences`, `vocab_size` (text).",
     )
-    checkpoint: str | None = Field(description="URI of the latest complete checkpoint.")
-    checkpoint_step: int | None
+    latest_checkpoint_uri: str | None = Field(
+        description="URI of the latest complete checkpoint (a `step-N` folder inside spec.trainer.checkpoint.uri).")
+    checkpoint_step: int | None = Field(description="Its step.")
     queue_position: int | None = Field(None, description="1 = next to be admitted (QUEUED jobs only).")
     estimated_start_at: datetime | None = Field(
         None, description="When a QUEUED job is expected to start; null when it cannot be estimated yet."

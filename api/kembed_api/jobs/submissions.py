@@ -23,6 +23,7 @@ from kembed_api.jobs.transitions import queue_changed
 from kembed_api.platform.db import Executor, utcnow
 from kembed_api.platform.storage import PlatformStorage, how_to_grant
 from kembed_api.quota.admission import Demand, never_fits
+from kembed_api.quota.demand import demand_columns
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import ceiling_of, policy_of
 from kembed_contract import runtime
@@ -273,12 +274,12 @@ def _new_job(spec: JobSpec, *, tenant: Row, storage: PlatformStorage, now: datet
     demand = Demand.of(spec)
     return _NewJob(row=dict(
         id=job_id, tenant_id=tenant.id, name=spec.name, spec=spec.model_dump(mode="json"), priority=spec.priority,
-        gpus=demand.gpus, cpu=demand.cpu, memory_bytes=demand.memory_bytes, processes=demand.processes,
+        **demand_columns(demand),
         idempotency_key=idempotency_key, spec_hash=spec_hash, state=JobState.QUEUED, reason="Submitted",
         message="waiting for admission",
         cancel_requested=False, restart_count=0, created_at=now, admitted_at=None, started_at=None,
         finished_at=None, step=0, total_steps=spec.trainer.training.steps or 0, metrics={},
-        checkpoint_uri=None, checkpoint_step=None, dataset=None, backend_state={}, report_token_hash=None,
+        latest_checkpoint_uri=None, checkpoint_step=None, dataset=None, backend_state={}, report_token_hash=None,
         report_seqs={}, checkpoint_bytes=0, log_bytes=0, run_seconds=0.0, running_since=None,
     ), spec=spec)
 

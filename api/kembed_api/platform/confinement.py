@@ -156,8 +156,8 @@ _TASKS_PER_PROCESS = 512
 # time; a leak or a flood stops here instead of at the machine's limit.
 _OPEN_FILES = 8192
 # RLIMIT_DATA counts what a process maps writable, used or not: the launcher and a rank each held about 0.5 GiB
-# more than they used (VmData - RssAnon: 466 and 509 MiB, tiny DLRM, torch 2.13), so each process may map its
-# node's memory limit plus this before an allocation fails.
+# more than they used (VmData - RssAnon: 466 and 509 MiB, the tests' tiny CTR job, torch 2.13), so each process
+# may map its node's memory limit plus this before an allocation fails.
 DATA_HEADROOM_BYTES = 1 << 30
 _CPU_PERIOD_US = 100_000
 

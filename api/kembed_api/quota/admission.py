@@ -2,96 +2,124 @@
 
 Admission is all-or-nothing (a gang): a job is admitted only when everything it asks for fits in what its
 tenant has left, in every dimension at once.
+
+Its dimensions are the quota model's that running jobs hold (kembed_contract.quota.QuotaSpec.held(): a `Demand`
+field named like the dimension's usage, a `Quota` field named like its amount), plus one of the backend's own,
+trainer processes (the local backend's slots). Both types are generated from that list, never restated here.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import heapq
 import itertools
-from collections.abc import Iterable, Mapping
+import operator
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
-from kembed_contract.spec import JobSpec
+from kembed_contract.quota import QuotaSpec, add_limits
+from kembed_contract.spec import JobSpec, Resources
 
-__all__ = ["Demand", "Quota", "RunningJob", "estimate_start_times", "never_fits", "shortfall"]
+__all__ = ["DIMENSIONS", "Demand", "Quota", "RunningJob", "estimate_start_times", "never_fits", "shortfall"]
 
 
-@dataclass(frozen=True)
-class Demand:
-    """What a job (or a set of jobs) holds while admitted."""
+class _Dimension(NamedTuple):
+    demand: str  # its Demand field (the quota model's usage name)
+    limit: str  # its Quota field (the quota model's amount name)
+    unit: str  # what follows a number of it, in words
+    per_job: Callable[[Resources], float] | None  # what one job holds; None: one (it counts jobs)
+    of_quota: bool  # a dimension of the tenant's quota (else the backend's)
+    whole: bool  # amounts of it are whole numbers
 
-    gpus: int = 0
-    cpu: float = 0.0
-    memory_bytes: int = 0
-    jobs: int = 0
-    processes: int = 0
+
+# Admission's dimensions, in order: the quota model's held ones, then the backend's trainer processes.
+DIMENSIONS: tuple[_Dimension, ...] = (
+    *(_Dimension(d.used, d.amount, d.unit, d.held.per_job, True, d.whole) for d in QuotaSpec.held()),
+    _Dimension("processes", "max_processes", "trainer processes", lambda r: r.num_processes, False, True),
+)
+_ADD, _SUB = operator.add, operator.sub
+
+
+class Demand(collections.namedtuple("_Amounts", [d.demand for d in DIMENSIONS], defaults=(0,) * len(DIMENSIONS))):
+    """What a job (or a set of jobs) holds while admitted: a number per dimension (a tuple, cheap to add: queue
+    forecasts add thousands of these per read)."""
+
+    __slots__ = ()
 
     @classmethod
     def of(cls, spec: JobSpec) -> Demand:
         r = spec.resources
-        return cls(gpus=r.nodes * r.gpus_per_node, cpu=r.nodes * r.cpu_per_node,
-                   memory_bytes=r.nodes * r.memory_bytes_per_node, jobs=1, processes=r.num_processes)
+        return cls._make(1 if d.per_job is None else d.per_job(r) for d in DIMENSIONS)
 
-    # Spelled out (not dataclasses.astuple, which deep-copies): queue forecasts add thousands of these per read.
-    def __add__(self, other: Demand) -> Demand:
-        return Demand(self.gpus + other.gpus, self.cpu + other.cpu, self.memory_bytes + other.memory_bytes,
-                      self.jobs + other.jobs, self.processes + other.processes)
+    def __add__(self, other: Demand) -> Demand:  # type: ignore[override]
+        return self._make(map(_ADD, self, other))
 
     def __sub__(self, other: Demand) -> Demand:
-        return Demand(self.gpus - other.gpus, self.cpu - other.cpu, self.memory_bytes - other.memory_bytes,
-                      self.jobs - other.jobs, self.processes - other.processes)
+        return self._make(map(_SUB, self, other))
 
 
-@dataclass(frozen=True)
-class Quota:
-    """Limits of a tenant (or, with `max_processes`, of a backend); None is unlimited."""
+class _Limits:
+    """What a Quota can do, whatever its dimensions (its fields are generated below)."""
 
-    gpus: int | None = None
-    cpu: float | None = None
-    memory_bytes: int | None = None
-    max_running_jobs: int | None = None
-    max_processes: int | None = None
+    @cached_property
+    def limits(self) -> tuple[tuple[str, float, str, str], ...]:
+        """(Demand field, limit, unit, Quota field) of each limit that is set; computed once (forecasts check
+        thousands)."""
+        return tuple((d.demand, limit, d.unit, d.limit) for d in DIMENSIONS
+                     if (limit := getattr(self, d.limit)) is not None)
 
     @classmethod
     def of(cls, amounts: Mapping[str, Any]) -> Quota:
         """The limits admission enforces of a tenant's quota (kembed_contract.quota.QuotaSpec.amounts(), or its
-        columns): the dimensions running jobs hold; the others (max_queued_jobs) are checked at submission."""
-        return cls(**{name: amounts[name] for name in ("gpus", "cpu", "memory_bytes", "max_running_jobs")})
+        columns): the dimensions running jobs hold; the others (max_queued_jobs, ...) are checked elsewhere."""
+        return cls(**{d.limit: amounts[d.limit] for d in DIMENSIONS if d.of_quota})
 
-    @cached_property
-    def limits(self) -> tuple[tuple[str, float, str], ...]:
-        """(Demand field, limit, unit) of each limit that is set; computed once (forecasts check thousands)."""
-        every = (("gpus", self.gpus, "GPUs"), ("cpu", self.cpu, "CPU cores"),
-                 ("memory_bytes", self.memory_bytes, "bytes of memory"),
-                 ("jobs", self.max_running_jobs, "running jobs"), ("processes", self.max_processes, "trainer processes"))
-        return tuple((field, limit, unit) for field, limit, unit in every if limit is not None)
+    @classmethod
+    def nothing(cls) -> Quota:
+        """Limits of zero in every dimension (where a sum of quotas starts)."""
+        return cls(**{d.limit: 0 for d in DIMENSIONS})
+
+    def plus(self, other: Quota) -> Quota:
+        """Limits added field by field (unlimited stays unlimited)."""
+        return type(self)(**add_limits(dataclasses.asdict(self), dataclasses.asdict(other)))
 
 
-_QUOTA_FIELD = {"gpus": "gpus", "cpu": "cpu", "memory_bytes": "memory_bytes", "jobs": "max_running_jobs",
-                "processes": "max_processes"}
+Quota = dataclasses.make_dataclass(
+    "Quota", [(d.limit, float | None, dataclasses.field(default=None)) for d in DIMENSIONS], bases=(_Limits,),
+    frozen=True, namespace={"__module__": __name__,
+                            "__doc__": "Limits of a tenant (or, with `max_processes`, of a backend); None is unlimited."},
+)
 
 
 def shortfall(quota: Quota, *, used: Demand, demand: Demand) -> str | None:
     """None if `demand` fits beside `used`; else which limit it would break, in words."""
-    for field, limit, unit in quota.limits:
+    for field, limit, unit, name in quota.limits:
         if getattr(used, field) + getattr(demand, field) > limit + 1e-9:
-            return (f"quota.{_QUOTA_FIELD[field]}: needs {getattr(demand, field):g} {unit}, "
+            return (f"quota.{name}: needs {getattr(demand, field):g} {unit}, "
                     f"{max(0, limit - getattr(used, field)):g} of {limit:g} free")
     return None
+
+
+# What no idle tenant can lack: a job's own size in each dimension of the tenant's quota that is an amount (a
+# count of jobs is never exceeded by one job, unless it is zero).
+_SIZED = {d.demand for d in DIMENSIONS if d.of_quota and d.per_job is not None}
+_COUNTED = tuple(d for d in DIMENSIONS if d.of_quota and d.per_job is None)
 
 
 def never_fits(quota: Quota, demand: Demand, *, ceiling: str = "the tenant's quota") -> str | None:
     """Why a job could not run even on an idle tenant (then it must be refused, not queued forever); `ceiling`
     names what `quota` is in the answer."""
-    for field, limit, unit in quota.limits:
-        if field not in ("jobs", "processes") and getattr(demand, field) > limit + 1e-9:
+    for field, limit, unit, name in quota.limits:
+        if field in _SIZED and getattr(demand, field) > limit + 1e-9:
             return (f"the job needs {getattr(demand, field):g} {unit} but {ceiling} "
-                    f"(quota.{_QUOTA_FIELD[field]}) is {limit:g}")
-    if quota.max_running_jobs == 0:
-        return "the tenant's quota allows no running jobs (quota.max_running_jobs is 0)"
+                    f"(quota.{name}) is {limit:g}")
+    for d in _COUNTED:
+        if getattr(quota, d.limit) == 0:
+            return f"the tenant's quota allows no {d.unit} (quota.{d.limit} is 0)"
     return None
 
 

@@ -97,14 +97,6 @@ def _exceeds(quota: Quota, used: Demand) -> bool:
     return shortfall(quota, used=used, demand=Demand()) is not None
 
 
-def _plus(a: Quota, b: Quota) -> Quota:
-    """Limits added field by field (unlimited stays unlimited)."""
-    def add(x, y):
-        return None if x is None or y is None else x + y
-    return Quota(add(a.gpus, b.gpus), add(a.cpu, b.cpu), add(a.memory_bytes, b.memory_bytes),
-                 add(a.max_running_jobs, b.max_running_jobs), add(a.max_processes, b.max_processes))
-
-
 class _Books:
     """What each tenant and cohort holds during one pass."""
 
@@ -116,7 +108,7 @@ class _Books:
         self.pool: dict[str, Quota] = {}
         for share in shares.values():
             if share.cohort is not None:
-                self.pool[share.cohort] = _plus(self.pool.get(share.cohort, Quota(0, 0, 0, 0, 0)), share.nominal)
+                self.pool[share.cohort] = self.pool.get(share.cohort, Quota.nothing()).plus(share.nominal)
         for job in running:
             self.add(job.tenant, job.demand)
 
@@ -141,7 +133,7 @@ class _Books:
         if share.cohort is None or (within is not None and not may_borrow):
             return within
         if within is not None:
-            beyond = shortfall(_plus(share.nominal, share.borrowing_limit), used=used, demand=demand)
+            beyond = shortfall(share.nominal.plus(share.borrowing_limit), used=used, demand=demand)
             if beyond:
                 return f"borrowing limit: {beyond}"
         # The cohort never holds more than its members' nominal quotas together: what one member is owed may be

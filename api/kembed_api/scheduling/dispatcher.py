@@ -22,11 +22,11 @@ from sqlalchemy.orm import Session
 
 from kembed_api.backends.base import Backend, Launch, NotReady, Observed
 from kembed_api.jobs import reports, storage_use, transitions
-from kembed_api.jobs.demand import DEMAND_COLUMNS, demand_from_columns, describe
 from kembed_api.jobs.models import Job, JobEvent
 from kembed_api.platform.db import Database, utcnow
 from kembed_api.platform.storage import PlatformStorage
 from kembed_api.quota import preemption
+from kembed_api.quota.demand import DEMAND_COLUMNS, HELD_SUMS, demand_of_row, describe
 from kembed_api.scheduling.observability import Metrics
 from kembed_api.tenants.models import Tenant
 from kembed_api.tenants.service import policy_of, quota_spec, share_of, sharing_of, usage_status
@@ -45,8 +45,7 @@ _ACTIVE = [s.value for s in ACTIVE_STATES]
 # as promptly as anyone watching a queue can tell (docs/benchmarks.md, dispatcher).
 # What each tenant holds and has queued: when it changes, its usage is shown anew (Dispatcher._show_usage).
 _HELD_BY_TENANT = (
-    select(Tenant.id, Tenant.queued_jobs, func.count(Job.seq), func.coalesce(func.sum(Job.gpus), 0),
-           func.coalesce(func.sum(Job.cpu), 0.0), func.coalesce(func.sum(Job.memory_bytes), 0))
+    select(Tenant.id, Tenant.queued_jobs, *HELD_SUMS)
     .outerjoin(Job, (Job.tenant_id == Tenant.id) & Job.state.in_(_ACTIVE)).group_by(Tenant.id)
 )
 _COALESCE_S = 0.02
@@ -174,7 +173,7 @@ class Dispatcher:
                 if job.state == JobState.PREEMPTED:
                     transitions.requeue(session, job, now=self.clock())
                     continue
-                where = f"checkpoint step {job.checkpoint_step}" if job.checkpoint_uri else "the start (no checkpoint)"
+                where = f"checkpoint step {job.checkpoint_step}" if job.latest_checkpoint_uri else "the start (no checkpoint)"
                 transitions.transition(session, job, JobState.RESTARTING, reason="ServerRestarted",
                                    message=f"the server restarted while the job ran; resuming from {where}",
                                    now=self.clock())
@@ -239,7 +238,7 @@ class Dispatcher:
                 self._follow(session, job, seen, now=now)
             return
         job.backend_state = {}
-        checkpoint = f"; checkpoint at step {job.checkpoint_step}: {job.checkpoint_uri}" if job.checkpoint_uri else ""
+        checkpoint = f"; checkpoint at step {job.checkpoint_step}: {job.latest_checkpoint_uri}" if job.latest_checkpoint_uri else ""
         if job.cancel_requested:
             transitions.transition(session, job, JobState.CANCELLED, reason="Cancelled",
                                message=f"stopped at step {job.step}{checkpoint}", now=now)
@@ -320,7 +319,7 @@ class Dispatcher:
                                    message=storage_use.over_quota(tenant, stored=elsewhere) or "")
             return
         token, token_hash = reports.new_report_token()
-        resuming = job.state == JobState.RESTARTING or job.checkpoint_uri is not None  # restarted or preempted
+        resuming = job.state == JobState.RESTARTING or job.latest_checkpoint_uri is not None  # restarted or preempted
         try:
             if job.restart_count == 0 and not resuming:
                 self.backend.sync_tenant(tenant.name, quota_spec(tenant), sharing_of(tenant),
@@ -369,7 +368,7 @@ class Dispatcher:
         protected = self._protected(session, [r.seq for r in active], now=now)
         running = [
             preemption.Running(
-                r.seq, r.tenant_id, demand_from_columns(r.gpus, r.cpu, r.memory_bytes, r.processes),
+                r.seq, r.tenant_id, demand_of_row(r),
                 self._class_rank(r.priority),
                 # steps since its last complete checkpoint, times what it holds: lost if it were killed
                 work_at_risk=max(0, r.step - (r.checkpoint_step or 0)) * max(r.gpus, r.processes, 1),
@@ -379,10 +378,9 @@ class Dispatcher:
         messages: dict[int, str] = {}
 
         def queue() -> Iterator[preemption.Pending]:
-            for seq, priority, tenant_id, message, *columns in self._queue_in_admission_order(session):
-                messages[seq] = message
-                yield preemption.Pending(seq, tenant_id, demand_from_columns(*columns),
-                                         self._class_rank(priority))
+            for row in self._queue_in_admission_order(session):
+                messages[row.seq] = row.message
+                yield preemption.Pending(row.seq, row.tenant_id, demand_of_row(row), self._class_rank(row.priority))
 
         plan = preemption.decide(shares={t.id: share_of(t) for t in tenants.values()},
                                  capacity=self.backend.capacity(), running=running, queue=queue(),
@@ -400,7 +398,7 @@ class Dispatcher:
                 self.backend.preempt(victim.id)
         for admit in plan.admit:
             job = session.get(Job, admit.key)
-            demand = demand_from_columns(job.gpus, job.cpu, job.memory_bytes, job.processes)
+            demand = demand_of_row(job)
             borrowed = "; borrowing its cohort's idle quota" if admit.borrowed else ""
             transitions.transition(session, job, JobState.ADMITTED, reason="Admitted",
                                message=f"reserved {describe(demand)}{borrowed}", now=now)

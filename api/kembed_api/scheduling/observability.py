@@ -21,12 +21,19 @@ from sqlalchemy import func, select
 
 from kembed_api.jobs.models import Job
 from kembed_api.platform.db import Database
+from kembed_api.quota.demand import HELD_SUMS
 from kembed_api.tenants.models import Tenant
 from kembed_contract.lifecycle import ACTIVE_STATES, JobState
+from kembed_contract.quota import QuotaSpec
 
 __all__ = ["Metrics", "TenantTotals", "configure_json_logging"]
 
 _ACTIVE = [s.value for s in ACTIVE_STATES]
+# The quota's dimensions as kembed_quota_used / kembed_quota_limit show them (each under its `metric` name): what
+# running jobs hold is summed over the active jobs; what else is used, the tenant counts itself.
+_HELD = QuotaSpec.held()
+_EXPORTED = tuple(d for d in QuotaSpec.dimensions() if d.metric)
+_COUNTED = tuple(d for d in _EXPORTED if d.held is None and d.used)
 
 
 class _DatabaseCollector(Collector):
@@ -48,22 +55,19 @@ class _DatabaseCollector(Collector):
                 if state == JobState.QUEUED:
                     depth.add_metric([tenants[tenant_id].name], count)
             held = session.execute(
-                select(Job.tenant_id, func.sum(Job.gpus), func.sum(Job.cpu), func.sum(Job.memory_bytes), func.count())
-                .where(Job.state.in_(_ACTIVE)).group_by(Job.tenant_id)
-            )
-            for tenant_id, gpus, cpu, memory, running in held:
+                select(Job.tenant_id, *HELD_SUMS).where(Job.state.in_(_ACTIVE)).group_by(Job.tenant_id))
+            for tenant_id, *sums in held:
                 name = tenants[tenant_id].name
-                for resource, value in (("gpus", gpus), ("cpu", cpu), ("memory_bytes", memory),
-                                        ("running_jobs", running)):
-                    used.add_metric([name, resource], float(value or 0))
+                for d, value in zip(_HELD, sums, strict=True):
+                    if d.metric:
+                        used.add_metric([name, d.metric], float(value or 0))
             for tenant in tenants.values():
-                used.add_metric([tenant.name, "storage_bytes"], float(tenant.stored_bytes or 0))
-                for resource, value in (("gpus", tenant.quota_gpus), ("cpu", tenant.quota_cpu),
-                                        ("memory_bytes", tenant.quota_memory_bytes),
-                                        ("running_jobs", tenant.quota_max_running_jobs),
-                                        ("storage_bytes", tenant.quota_storage_bytes)):
+                for d in _COUNTED:  # what the tenant keeps a count of (its stored bytes, ...)
+                    used.add_metric([tenant.name, d.metric], float(getattr(tenant, d.used) or 0))
+                for d in _EXPORTED:
+                    value = getattr(tenant, f"quota_{d.amount}")
                     if value is not None:
-                        limit.add_metric([tenant.name, resource], float(value))
+                        limit.add_metric([tenant.name, d.metric], float(value))
         yield from (jobs, depth, used, limit)
 
 

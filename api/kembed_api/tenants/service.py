@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, func, or_, select, update
+from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -13,6 +13,7 @@ from kembed_api.platform.db import Executor, utcnow
 from kembed_api.platform.storage import PlatformStorage
 from kembed_api.quota import preemption
 from kembed_api.quota.admission import Quota
+from kembed_api.quota.demand import HELD_SUMS, no_usage, usage_amounts
 from kembed_api.tenants.models import Tenant, quota_columns
 from kembed_api.tenants.schemas import (
     QuotaSpec,
@@ -22,7 +23,6 @@ from kembed_api.tenants.schemas import (
     StorageSpec,
     TenantRead,
     Usage,
-    UsageAmounts,
 )
 from kembed_contract.lifecycle import ACTIVE_STATES
 from kembed_contract.resources import TenantUsage, now_rfc3339
@@ -161,8 +161,7 @@ def list_tenants(session: Session) -> list[Tenant]:
 _QUEUE_LENGTH = select(Tenant.queued_jobs).where(Tenant.id == bindparam("tenant_id")).scalar_subquery()
 _STORED = select(Tenant.stored_bytes).where(Tenant.id == bindparam("tenant_id")).scalar_subquery()
 _USED_AND_QUEUED = select(
-    func.count(), func.coalesce(func.sum(Job.gpus), 0), func.coalesce(func.sum(Job.cpu), 0.0),
-    func.coalesce(func.sum(Job.memory_bytes), 0), _QUEUE_LENGTH, _STORED,
+    _QUEUE_LENGTH, _STORED, *HELD_SUMS,
 ).where(Job.tenant_id == bindparam("tenant_id"), or_(*(Job.state == state for state in ACTIVE_STATES)))
 # Jobs that held GPUs at some time since `since`: admitted, not finished before it.
 _GPU_TIME = select(Job.gpus, Job.admitted_at, Job.finished_at).where(
@@ -173,58 +172,48 @@ _GPU_TIME = select(Job.gpus, Job.admitted_at, Job.finished_at).where(
 
 def usage(session: Executor, *, tenant: Tenant, now: datetime | None = None) -> Usage:
     now = now or utcnow()
-    running, gpus, cpu, memory, queued, stored = session.execute(_USED_AND_QUEUED, {"tenant_id": tenant.id}).one()
+    queued, stored, *held = session.execute(_USED_AND_QUEUED, {"tenant_id": tenant.id}).one()
     return Usage(
-        tenant=tenant.name, quota=quota_spec(tenant),
-        used=UsageAmounts(gpus=gpus, cpu=cpu, memory_bytes=memory, running_jobs=running),
+        tenant=tenant.name, quota=quota_spec(tenant), used=usage_amounts(held),
         queued_jobs=queued, stored_bytes=stored or 0,
         gpu_hours_7d=_gpu_hours(session, tenant=tenant, since=now - timedelta(days=7), now=now),
         sharing=_sharing_usage(session, tenant=tenant) if tenant.cohort else None,
     )
 
 
-# What each member of a cohort holds now, with its quota (one statement).
+# What each member of a cohort holds now, with its quota (one statement), in QuotaSpec.held()'s order.
+_HELD = QuotaSpec.held()
 _COHORT_USE = (
-    select(Tenant.id, Tenant.quota_gpus, Tenant.quota_cpu, Tenant.quota_memory_bytes, Tenant.quota_max_running_jobs,
-           func.count(Job.seq), func.coalesce(func.sum(Job.gpus), 0), func.coalesce(func.sum(Job.cpu), 0.0),
-           func.coalesce(func.sum(Job.memory_bytes), 0))
+    select(Tenant.id, *(getattr(Tenant, f"quota_{d.amount}") for d in _HELD), *HELD_SUMS)
     .outerjoin(Job, (Job.tenant_id == Tenant.id) & or_(*(Job.state == state for state in ACTIVE_STATES)))
     .where(Tenant.cohort == bindparam("cohort")).group_by(Tenant.id)
 )
-_AMOUNTS = ("running_jobs", "gpus", "cpu", "memory_bytes")
 
 
 def _sharing_usage(session: Executor, *, tenant: Tenant) -> SharingUsage:
     """Borrowed: what the tenant holds beyond its nominal quota. Lent: its part of what the cohort's borrowers
     hold, in proportion to the quota each lender leaves idle (a dimension without a limit is never lent)."""
-    borrowed: dict[int, dict[str, float]] = {}
-    idle: dict[int, dict[str, float]] = {}
-    for tid, q_gpus, q_cpu, q_memory, q_jobs, jobs, gpus, cpu, memory in session.execute(
-            _COHORT_USE, {"cohort": tenant.cohort}):
-        nominal = dict(zip(_AMOUNTS, (q_jobs, q_gpus, q_cpu, q_memory), strict=True))
-        used = dict(zip(_AMOUNTS, (jobs, gpus, cpu, memory), strict=True))
-        borrowed[tid] = {k: 0.0 if nominal[k] is None else max(0.0, used[k] - nominal[k]) for k in _AMOUNTS}
-        idle[tid] = {k: 0.0 if nominal[k] is None else max(0.0, nominal[k] - used[k]) for k in _AMOUNTS}
-    lent = {}
-    for k in _AMOUNTS:
+    borrowed: dict[int, list[float]] = {}
+    idle: dict[int, list[float]] = {}
+    for tid, *row in session.execute(_COHORT_USE, {"cohort": tenant.cohort}):
+        nominal, used = row[:len(_HELD)], row[len(_HELD):]
+        borrowed[tid] = [0.0 if n is None else max(0.0, u - n) for n, u in zip(nominal, used, strict=True)]
+        idle[tid] = [0.0 if n is None else max(0.0, n - u) for n, u in zip(nominal, used, strict=True)]
+    lent = []
+    for k in range(len(_HELD)):
         total_borrowed = sum(b[k] for b in borrowed.values())
         total_idle = sum(i[k] for i in idle.values())
-        lent[k] = total_borrowed * idle[tenant.id][k] / total_idle if total_idle else 0.0
-
-    def amounts(values: dict[str, float]) -> UsageAmounts:
-        return UsageAmounts(gpus=values["gpus"], cpu=values["cpu"], memory_bytes=int(values["memory_bytes"]),
-                            running_jobs=int(values["running_jobs"]))
-    return SharingUsage(cohort=tenant.cohort, nominal=quota_spec(tenant), borrowed=amounts(borrowed[tenant.id]),
-                        lent=amounts(lent))
+        lent.append(total_borrowed * idle[tenant.id][k] / total_idle if total_idle else 0.0)
+    return SharingUsage(cohort=tenant.cohort, nominal=quota_spec(tenant), borrowed=usage_amounts(borrowed[tenant.id]),
+                        lent=usage_amounts(lent))
 
 
 def usage_status(session: Executor, *, tenant: Tenant, now: datetime | None = None) -> TenantUsage:
     """What its Tenant resource's status shows (kembed_contract.resources.TenantUsage): what the tenant's jobs
     hold, and in a cohort what of it is borrowed and what of its idle quota the others borrow."""
     now = now or utcnow()
-    running, gpus, cpu, memory, queued, _ = session.execute(_USED_AND_QUEUED, {"tenant_id": tenant.id}).one()
-    used = UsageAmounts(gpus=gpus, cpu=cpu, memory_bytes=memory, running_jobs=running)
-    nothing = UsageAmounts(gpus=0, cpu=0, memory_bytes=0, running_jobs=0)
+    queued, _, *held = session.execute(_USED_AND_QUEUED, {"tenant_id": tenant.id}).one()
+    used, nothing = usage_amounts(held), no_usage()
     sharing = _sharing_usage(session, tenant=tenant) if tenant.cohort else None
     return TenantUsage(cohort=tenant.cohort, used=used.model_dump(), queued_jobs=queued, time=now_rfc3339(now),
                        borrowed=(sharing.borrowed if sharing else nothing).model_dump(),

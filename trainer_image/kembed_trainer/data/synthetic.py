@@ -1,4 +1,5 @@
-"""Synthetic CTR data: Zipf-distributed ids and a planted signal a model can learn.
+"""`synthetic` data's trainer half (its contract half: `kembed_contract.kinds.data.synthetic`). Synthetic CTR
+data: Zipf-distributed ids and a planted signal a model can learn.
 
 Each id of each feature has a hidden score, and the ids of the first two features (user and item, say) also a
 hidden factor vector. A sample's latent value is the sum of its ids' scores, the dot product of the first two
@@ -17,12 +18,13 @@ import torch
 import torch.nn.functional as F
 
 from kembed_contract import trainer_config as config
+from kembed_contract.kinds.data.synthetic import EVAL_CHUNK as _EVAL_CHUNK
 from kembed_trainer.data.batch import Batch
+from kembed_trainer.storage import Guard
 
-__all__ = ["SyntheticData"]
+__all__ = ["SyntheticData", "build"]
 
 _TRAIN, _EVAL, _WORLD = 0, 1, 2
-_EVAL_CHUNK = 2048  # eval batches have a fixed size, so the eval set is the same at any world size
 _FACTOR_DIM = 4
 _RATING_MEAN, _RATING_NOISE = 3.0, 0.3
 
@@ -117,3 +119,10 @@ class SyntheticData:
         else:
             labels = (torch.rand(n, generator=gen) < torch.sigmoid(latent)).float()
         return Batch(dense=dense, values=torch.cat(values), lengths=torch.cat(lengths), labels=labels)
+
+
+def build(cfg: config.TrainerConfig, *, rank: int, world_size: int, guard: Guard) -> SyntheticData:
+    """The source of `cfg.data` (the data registry's entry, kembed_trainer.kinds): reads no file. Its labels are
+    ratings where the model learns ratings, else clicks."""
+    return SyntheticData(cfg.data, ratings=cfg.ratings, tables=cfg.embeddings.tables, seed=cfg.training.seed,
+                         batch_size=cfg.training.batch_size, rank=rank, world_size=world_size)

@@ -1,11 +1,11 @@
 """Rows of Parquet, CSV or TSV files (`file://`, `s3://` or a path), streamed: memory does not grow with the data.
 
-The data set is a list of units (`units.py`: Parquet row groups, CSV/TSV blocks). Each epoch orders the units
-and shuffles their rows in windows of `data.shuffle_buffer` rows (`plan.py`); each rank reads only the windows its
-share of that order touches, in a background thread a bounded number of windows ahead of training
-(`prefetch.py`). Ranks' shares are equal to a row, so no rank idles at the end of an epoch. The reader's
-position is the current `plan.Segment`, saved in every checkpoint (`state_dict`), so a resume mid-epoch
-continues the epoch: the same batches at the same world size, and at another the rows no rank had taken yet.
+The data set is a list of units (`units.py`: Parquet row groups, CSV/TSV blocks), streamed by `stream.py`: each
+epoch orders the units and shuffles their rows in windows of `data.shuffle_buffer` rows; each rank reads only the
+windows its share of that order touches, in a background thread a bounded number of windows ahead of training.
+Ranks' shares are equal to a row, so no rank idles at the end of an epoch. The reader's position is saved in
+every checkpoint (`state_dict`), so a resume mid-epoch continues the epoch: the same batches at the same world
+size, and at another the rows no rank had taken yet.
 
 Held-out rows (`eval_fraction`, without `eval_uri`) are chosen by a hash of (file, unit, row), the same at any
 world size; an eval reads the units again for them (give `eval_uri` for a large data set).
@@ -20,16 +20,14 @@ import numpy as np
 import torch
 
 from kembed_contract import trainer_config as config
-from kembed_trainer.data import plan, prefetch, rows, units
+from kembed_trainer.data import prefetch, rows, stream, units
 from kembed_trainer.data.batch import Batch
 from kembed_trainer.data.rows import hash_string
 from kembed_trainer.storage import Guard
 
-__all__ = ["TableData", "hash_string"]
+__all__ = ["TableData", "build", "hash_string"]
 
 _EVAL_CHUNK = 2048
-_PREFETCH_WINDOWS = 1  # windows queued ahead, besides the one being read and the one being trained on
-_ORDER, _WINDOW = 12, 13  # seed streams of the unit order and the window permutations
 
 
 class TableData:
@@ -58,26 +56,20 @@ class TableData:
                               else sum(u.num_rows for u in self.units) - self.num_rows)
         if self.num_rows < world_size:
             raise ValueError(f"data.uri: {self.num_rows} training rows in {cfg.uri}, fewer than the {world_size} ranks")
-        self.segment = plan.first_segment(self.num_rows, world_size, batch_size)
-        self._stream: Iterator[rows.Rows] | None = None
-        self._pending: list[rows.Rows] = []  # rows read and not yet trained on, in order
-        self._next_step: int | None = None
+        self.stream = stream.Stream(self.train_counts, self._open_units, seed=seed, batch_size=batch_size,
+                                    window=cfg.shuffle_buffer, rank=rank, world_size=world_size)
         self._raw_lock = threading.Lock()
         self._raw_ids: dict[str, dict[int, str]] = {}
 
     # ------------------------------------------------------------------------------------------- sizes
     @property
     def steps_per_epoch(self) -> int:
-        """Steps of one epoch at this world size: every rank's equal share in whole batches, the last step of the
-        epoch taking the rest (so each row trains once per epoch)."""
-        return plan.first_segment(self.num_rows, self.world_size, self.batch_size).num_steps
+        """Steps of one epoch at this world size (`stream.Stream.steps_per_epoch`)."""
+        return self.stream.steps_per_epoch
 
     def total_steps(self, epochs: int, step: int) -> int:
         """The step at which `epochs` epochs end, seen from `step` (a resume at another world size changes it)."""
-        segment = plan.segment_at(self.segment, step, world_size=self.world_size, num_rows=self.num_rows)
-        if segment.epoch >= epochs:
-            return step
-        return segment.end_step + (epochs - 1 - segment.epoch) * self.steps_per_epoch
+        return self.stream.total_steps(epochs, step)
 
     def counts(self) -> dict[str, int]:
         """This rank's share of the data set's size (summed over ranks for the report)."""
@@ -100,54 +92,12 @@ class TableData:
     # ------------------------------------------------------------------------------------------- training
     def train_batch(self, step: int) -> Batch:
         """The batch of global `step`; steps are taken in order (a jump, as a resume, restarts the reader)."""
-        if self._next_step != step:
-            self._start(step)
-        segment = self.segment
-        lo, hi = segment.step_offsets(self.rank, step)
-        batch = self._take(hi - lo)
-        self._next_step = step + 1
-        if step + 1 == segment.end_step:
-            self.segment = segment.next_epoch(self.num_rows)
-        return batch.batch()
+        return self.stream.take(step).batch()
 
-    def _take(self, n: int) -> rows.Rows:
-        parts, have = [], 0
-        while have < n:
-            if not self._pending:
-                self._pending.append(next(self._stream))
-            chunk = self._pending[0]
-            need = n - have
-            if chunk.num_rows <= need:
-                parts.append(self._pending.pop(0))
-                have += chunk.num_rows
-            else:
-                parts.append(chunk.slice(0, need))
-                self._pending[0] = chunk.slice(need, chunk.num_rows)
-                have = n
-        return rows.Rows.cat(parts)
-
-    def _start(self, step: int) -> None:
-        self.close()
-        self.segment = plan.segment_at(self.segment, step, world_size=self.world_size, num_rows=self.num_rows)
-        offset = self.segment.step_offsets(self.rank, step)[0]
-        self._stream = prefetch.Prefetcher(self._chunks(self.segment, offset), depth=_PREFETCH_WINDOWS)
-
-    def _chunks(self, segment: plan.Segment, offset: int) -> Iterator[rows.Rows]:
-        """This rank's rows from `offset` of its share of `segment`, then of every later epoch's share."""
+    def _open_units(self) -> _TrainingUnits:
         reader = units.UnitReader(self.guard, columns=self.columns.names, csv_types=self.columns.csv_types,
                                   where="data.uri")
-        windows = _Windows(self, reader)
-        try:
-            while True:
-                share = plan.slice_of(segment.share(self.rank), offset, 1 << 62)
-                for a, b in share:
-                    s = self.cfg.shuffle_buffer
-                    for j in range(a // s, (b - 1) // s + 1):
-                        window = windows.get(segment.epoch, j)
-                        yield window.slice(max(a, j * s) - j * s, min(b, (j + 1) * s) - j * s)
-                segment, offset = segment.next_epoch(self.num_rows), 0
-        finally:
-            reader.close()
+        return _TrainingUnits(self, reader)
 
     def _train_mask(self, unit: units.Unit) -> np.ndarray:
         """Which rows of `unit` train (the others are held out for eval)."""
@@ -167,18 +117,14 @@ class TableData:
 
     # ------------------------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return self.segment.to_state()
+        return self.stream.state_dict()
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """The position a checkpoint saved; the next `train_batch(step)` continues from it."""
-        self.close()
-        self.segment = plan.Segment.from_state(state, self.batch_size)
-        self._next_step = None
+        self.stream.load_state_dict(state)
 
     def close(self) -> None:
-        if isinstance(self._stream, prefetch.Prefetcher):
-            self._stream.close()
-        self._stream, self._pending = None, []
+        self.stream.close()
 
     # ------------------------------------------------------------------------------------------- eval
     def eval_batches(self) -> Iterator[Batch]:
@@ -216,46 +162,24 @@ class TableData:
             stream.close()
 
 
-class _Windows:
-    """Builds an epoch's shuffle windows: the units' training rows in the epoch's order, `shuffle_buffer` at a
-    time, each permuted. Keeps the last window and the last unit read, as consecutive windows share them."""
+class _TrainingUnits:
+    """A unit's training rows, for the stream's reader thread: read, checked, its held-out rows left out."""
 
     def __init__(self, data: TableData, reader: units.UnitReader) -> None:
         self.data, self.reader = data, reader
-        self._order: tuple[int, np.ndarray, np.ndarray] | None = None  # epoch, unit order, sequence starts
-        self._window: tuple[tuple[int, int], rows.Rows] | None = None
-        self._unit: tuple[int, rows.Rows] | None = None
 
-    def get(self, epoch: int, j: int) -> rows.Rows:
-        if self._window is None or self._window[0] != (epoch, j):
-            self._window = ((epoch, j), self._build(epoch, j))
-        return self._window[1]
+    def read(self, index: int) -> rows.Rows:
+        unit = self.data.units[index]
+        converted = self.data._read(self.reader, unit, trained=True)
+        if self.data._holdout:
+            converted = converted.take(np.flatnonzero(self.data._train_mask(unit)))
+        return converted
 
-    def _build(self, epoch: int, j: int) -> rows.Rows:
-        data, size = self.data, self.data.cfg.shuffle_buffer
-        if self._order is None or self._order[0] != epoch:
-            order = plan.permutation(data.seed, _ORDER, epoch, n=len(data.units))
-            self._order = (epoch, order, np.concatenate([[0], np.cumsum(data.train_counts[order])]))
-            self._unit = None
-        _, order, starts = self._order
-        lo, hi = j * size, min((j + 1) * size, data.num_rows)
-        parts = []
-        first = int(np.searchsorted(starts, lo, side="right")) - 1
-        for k in range(first, len(order)):
-            if starts[k] >= hi:
-                break
-            if starts[k + 1] == starts[k]:
-                continue  # every row held out
-            unit_rows = self._unit_rows(int(order[k]))
-            parts.append(unit_rows.slice(max(lo, starts[k]) - starts[k], min(hi, starts[k + 1]) - starts[k]))
-        window = rows.Rows.cat(parts)
-        return window.take(plan.permutation(data.seed, _WINDOW, epoch, j, n=hi - lo))
+    def close(self) -> None:
+        self.reader.close()
 
-    def _unit_rows(self, index: int) -> rows.Rows:
-        if self._unit is None or self._unit[0] != index:
-            unit = self.data.units[index]
-            converted = self.data._read(self.reader, unit, trained=True)
-            if self.data._holdout:
-                converted = converted.take(np.flatnonzero(self.data._train_mask(unit)))
-            self._unit = (index, converted)
-        return self._unit[1]
+
+def build(cfg: config.TrainerConfig, *, rank: int, world_size: int, guard: Guard) -> TableData:
+    """The source of `cfg.data` (the data registry's entry, kembed_trainer.kinds)."""
+    return TableData(cfg.data, tables=cfg.embeddings.tables, seed=cfg.training.seed,
+                    batch_size=cfg.training.batch_size, rank=rank, world_size=world_size, guard=guard)

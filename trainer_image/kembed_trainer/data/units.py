@@ -11,6 +11,8 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import io
+from collections.abc import Iterator
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.csv as pa_csv
@@ -18,7 +20,7 @@ import pyarrow.parquet as pq
 
 from kembed_trainer.storage import Guard
 
-__all__ = ["CSV_BLOCK_BYTES", "Unit", "UnitReader", "list_units"]
+__all__ = ["CSV_BLOCK_BYTES", "Unit", "UnitReader", "line_blocks", "list_units"]
 
 CSV_BLOCK_BYTES = 64 << 20
 _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv", ".txt": "csv"}
@@ -88,19 +90,10 @@ def _csv_units(guard: Guard, file: str, fmt: str, columns: list[str] | None, nee
                csv_types: dict[str, pa.DataType]) -> list[Unit]:
     units: list[Unit] = []
     with guard.open(file, "rb", where=where) as f:
-        offset, line, names, carry = 0, 1, columns, b""
+        line, names = 1, columns
         if columns is not None:
             _missing(list(columns), needed, file, where)
-        while True:
-            block = f.read(CSV_BLOCK_BYTES)
-            data = carry + block
-            if not data:
-                break
-            cut = len(data) if not block else data.rfind(b"\n") + 1  # the last block takes the unended line
-            if cut == 0:  # a line longer than a block: read on
-                carry = data
-                continue
-            body, carry = data[:cut], data[cut:]
+        for offset, body in line_blocks(f, CSV_BLOCK_BYTES):
             if names is None:  # the header: the file's first line
                 end = body.find(b"\n") + 1 or len(body)
                 names = _parse(body[:end], fmt, None, None, file, where, header=True).column_names
@@ -109,11 +102,42 @@ def _csv_units(guard: Guard, file: str, fmt: str, columns: list[str] | None, nee
             if body.strip():
                 rows = _parse(body, fmt, names, csv_types, file, where, lines=line, include=needed).num_rows
                 units.append(Unit(file, fmt, len(units), rows, (offset, offset + len(body)), line, tuple(names)))
-                line += body.count(b"\n")
-            offset += len(body)
-            if not block:
-                break
+            line += body.count(b"\n")
     return units
+
+
+def line_blocks(f: BinaryIO, size: int, *, cut_long_lines: bool = False) -> Iterator[tuple[int, bytes]]:
+    """`f` as consecutive blocks (offset, bytes) of about `size` bytes, each ending at a line's end (`\\n`; the last
+    block takes the file's unended line). A line longer than a block makes a longer block, or with
+    `cut_long_lines` is cut: after its last `\\r` (old line ends), else its last ASCII space, else between two
+    UTF-8 characters, so a block is at most twice `size`."""
+    offset, carry = 0, b""
+    while True:
+        block = f.read(size)
+        data = carry + block
+        if not data:
+            return
+        if not block:
+            yield offset, data
+            return
+        cut = data.rfind(b"\n") + 1
+        if cut == 0 and cut_long_lines and len(data) >= size:
+            cut = _long_line_cut(data)
+        if cut == 0:  # a line longer than a block: read on
+            carry = data
+            continue
+        yield offset, data[:cut]
+        offset, carry = offset + cut, data[cut:]
+
+
+def _long_line_cut(data: bytes) -> int:
+    cut = data.rfind(b"\r") + 1 or max(data.rfind(c) for c in (b" ", b"\t", b"\x0b", b"\x0c")) + 1
+    if cut:
+        return cut
+    for i in range(len(data) - 1, max(len(data) - 5, 0), -1):  # a character starts in its last 4 bytes
+        if data[i] & 0xC0 != 0x80:  # not a continuation byte: cut before it
+            return i
+    return len(data)
 
 
 def _parse(data: bytes, fmt: str, names, types, file: str, where: str, *, header: bool = False, lines: int = 1,

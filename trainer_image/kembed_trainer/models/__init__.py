@@ -1,5 +1,3 @@
-"""Models: each is a dense `nn.Module` on top of the shared `EmbeddingCollection` (sparse part)."""
-
-from kembed_trainer.models.factory import Task, build_dense_model, build_task
-
-__all__ = ["Task", "build_dense_model", "build_task"]
+"""Model kinds' trainer halves, one module or package each (`kembed_trainer.kinds` finds them by name): the dense
+part of each model on top of the shared `EmbeddingCollection` (the sparse part), and what else the kind trains
+or measures its own way. `base` says what a kind answers."""

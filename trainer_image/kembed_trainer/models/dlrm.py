@@ -1,32 +1,25 @@
-"""DLRM (Naumov et al., 2019): bottom MLP over dense features, pairwise dot interaction, top MLP."""
+"""`dlrm`'s trainer half. DLRM (Naumov et al., 2019): bottom MLP over dense features, pairwise dot interaction,
+top MLP. Its contract half: `kembed_contract.kinds.models.dlrm`."""
 
 from __future__ import annotations
-
-import itertools
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kembed_contract import trainer_config as config
+from kembed_contract.kinds.models.dlrm import DLRMConfig
+from kembed_trainer.models.base import ModelTraining
+from kembed_trainer.models.layers import mlp
 
-__all__ = ["DLRM"]
-
-
-def mlp(sizes: list[int], *, last_relu: bool) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
-        layers.append(nn.Linear(n_in, n_out))
-        if last_relu or i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
+__all__ = ["DLRM", "KIND", "DLRMTraining"]
 
 
 class DLRM(nn.Module):
     """The dense part; the pooled embeddings come from the `EmbeddingCollection`."""
 
     def __init__(
-        self, cfg: config.DLRMConfig, *, num_dense: int, num_sparse: int, embedding_dim: int
+        self, cfg: DLRMConfig, *, num_dense: int, num_sparse: int, embedding_dim: int
     ) -> None:
         super().__init__()
         self.bottom = mlp([num_dense, *cfg.bottom_mlp], last_relu=True) if num_dense > 0 else None
@@ -79,3 +72,12 @@ class _PairwiseDots(torch.autograd.Function):
         b, n, _ = z.shape
         g_sym = F.pad(grad, (0, 1)).index_select(1, pair_of_place).view(b, n, n)
         return torch.bmm(g_sym, z.to(grad.dtype)), None, None
+
+
+class DLRMTraining(ModelTraining):
+    def dense_model(self, cfg: config.TrainerConfig) -> nn.Module:
+        return DLRM(cfg.model, num_dense=cfg.data.num_dense, num_sparse=len(cfg.embeddings.features),
+                    embedding_dim=cfg.embeddings.tables[0].embedding_dim)
+
+
+KIND = DLRMTraining()

@@ -21,8 +21,8 @@ Several ranks: each rank's store holds its rows of the group's tables (as `shard
 owner of a row turns the rows other ranks ask for into slots in `gather`. Prefetch across ranks (asking the
 owners a step ahead) is not there yet: at more than one rank the owner fetches its misses when asked.
 
-Registration: once the table kinds' registry lands (`kembed_trainer.tables`), this becomes the `tiered` kind's
-trainer half; until then `embedding.EmbeddingCollection` builds it for tables that have a `tier`.
+The `tiered` table kind's group: `kembed_trainer.tables.tiered` builds it for tables with a `tier` (its contract
+half: `kembed_contract.kinds.tables.tiered`).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class TierStats:
             setattr(self, name, getattr(self, name) + value)
 
 
-class TieredGroup(embedding._Group):
+class TieredGroup(embedding.Group):
     tiered = True
 
     def __init__(
@@ -104,8 +104,8 @@ class TieredGroup(embedding._Group):
     ) -> None:
         if device.type != "cpu":
             raise ValueError("tiered tables train on CPU for now (the GPU's level, device over host, comes next)")
-        super().__init__(tables, [True] * len(tables), device=device, gen=None, seed=seed, first_table=0,
-                         table_ids=table_ids, rank=rank, world_size=world_size, hold_shard=False)
+        super().__init__(tables, [True] * len(tables), device=device, gen=None, seed=seed, table_ids=table_ids,
+                         rank=rank, world_size=world_size, hold_shard=False)
         self.optimizer_name = optimizer
         self.seed, self.table_ids, self.rank = seed, table_ids, rank
         local_rows = self.layout.num_local_rows

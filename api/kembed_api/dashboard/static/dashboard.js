@@ -13,6 +13,12 @@
   // The job lifecycle (kembed_contract.lifecycle), as the page was served: each state's tone, and which end a job.
   const { terminal, ...TONE } = JSON.parse(body.dataset.states);
   const TERMINAL = new Set(terminal);
+  // The quota's dimensions (kembed_contract.quota.QuotaSpec), as the page was served: each one's field, amount name,
+  // label, unit, how it is kept ("count", "cores" or "bytes"), the usage measured against it and whether running
+  // jobs hold it (then its usage is in `used`, else a count the tenant keeps). Every bar, column and quota form
+  // field below is drawn from this list.
+  const QUOTA = JSON.parse(body.dataset.quota);
+  const HELD = QUOTA.filter((d) => d.held);
   const $ = (selector) => document.querySelector(selector);
 
   // ------------------------------------------------------------------------------------------ the API
@@ -206,19 +212,20 @@
     return "ok";
   }
 
+  // An amount of a dimension, as the page shows it: bytes in their unit, other amounts as numbers.
+  function amount(d, value) {
+    return d.kind === "bytes" ? bytes(value) : number(value, 1);
+  }
+
   const LEVEL_WORDS = { ok: "", warn: "nearly full", full: "full", over: "above quota (borrowed)", none: "no limit" };
 
   function renderBars(overview) {
     const { usage } = overview;
-    const q = usage.quota;
-    const dims = [
-      { key: "gpus", label: "GPUs", used: usage.used.gpus, limit: q.gpus, fmt: (v) => number(v, 1) },
-      { key: "cpu", label: "CPU cores", used: usage.used.cpu, limit: q.cpu, fmt: (v) => number(v, 1) },
-      { key: "memory", label: "Memory", used: usage.used.memory_bytes, limit: overview.quota_memory_bytes, fmt: bytes },
-      { key: "running", label: "Running jobs", used: usage.used.running_jobs, limit: q.max_running_jobs, fmt: number },
-      { key: "queued", label: "Queued jobs", used: usage.queued_jobs, limit: q.max_queued_jobs, fmt: number },
-      { key: "storage", label: "Storage", used: usage.stored_bytes, limit: overview.quota_storage_bytes, fmt: bytes },
-    ];
+    // A bar for each dimension something is measured against (not, say, a time limit per job).
+    const dims = QUOTA.filter((d) => d.used).map((d) => ({
+      key: d.field, label: d.label, fmt: (v) => amount(d, v),
+      used: d.held ? usage.used[d.used] : usage[d.used], limit: overview.quota_amounts[d.amount],
+    })).filter((d) => d.used !== undefined);
     const container = $("#bars");
     for (const d of dims) {
       let row = container.querySelector(`[data-dim="${d.key}"]`);
@@ -253,8 +260,8 @@
   function renderSharing(sharing) {
     const line = $("#sharing");
     if (!sharing) { line.hidden = true; return; }
-    const amounts = (a) => [a.gpus ? `${number(a.gpus, 1)} GPUs` : null, a.cpu ? `${number(a.cpu, 1)} CPU` : null,
-      a.memory_bytes ? bytes(a.memory_bytes) : null].filter(Boolean).join(", ") || "nothing";
+    const amounts = (a) => HELD.filter((d) => a[d.used])
+      .map((d) => d.kind === "bytes" ? bytes(a[d.used]) : `${number(a[d.used], 1)} ${d.unit}`).join(", ") || "nothing";
     line.hidden = false;
     line.textContent = `Cohort ${sharing.cohort}: borrowing ${amounts(sharing.borrowed)} · lending ${amounts(sharing.lent)}`;
   }
@@ -475,8 +482,11 @@
       again.addEventListener("click", async () => {
         if (!job) return;
         const spec = structuredClone(job.spec);
-        // The default checkpoint folder is the old job's own: the new job gets its own unless one was named.
-        if (spec.trainer.checkpoint && (spec.trainer.checkpoint.uri || "").endsWith(`/${job.id}`)) spec.trainer.checkpoint.uri = null;
+        // The old job's default checkpoint folder (served with the page) is its own: the new job gets its own
+        // default unless the old one named a folder.
+        if (spec.trainer.checkpoint && spec.trainer.checkpoint.uri === body.dataset.defaultCheckpointFolder) {
+          spec.trainer.checkpoint.uri = null;
+        }
         again.disabled = true;
         try {
           const created = await api("/v1/jobs", { method: "POST", json: spec });
@@ -624,33 +634,27 @@
   }
 
   // -------------------------------------------------------------------------------------- platform page
-  const QUOTA_FIELDS = [
-    { key: "gpus", label: "GPUs", type: "int" }, { key: "cpu", label: "CPU cores", type: "float" },
-    { key: "memory", label: "Memory", type: "text" }, { key: "max_running_jobs", label: "Max running jobs", type: "int" },
-    { key: "max_queued_jobs", label: "Max queued jobs", type: "int" },
-    { key: "storage", label: "Storage", type: "text" }, { key: "max_run_seconds", label: "Max run seconds", type: "int" },
-  ];
+  // A quantity ("64Gi") is typed as text; counts and cores as numbers.
+  const QUOTA_FIELDS = QUOTA.map((d) => ({ key: d.field, label: d.label, type: d.kind === "bytes" ? "text" : "number" }));
 
   function adminPage() {
     let sortKey = "name", descending = false, data = null;
     const editing = new Set();
     const columns = [
       { key: "name", title: "Tenant", value: (t) => t.name },
-      { key: "gpus", title: "GPUs used / quota", value: (t) => t.used.gpus, show: (t) => `${number(t.used.gpus, 1)} / ${t.quota.gpus ?? "∞"}` },
-      { key: "cpu", title: "CPU used / quota", value: (t) => t.used.cpu, show: (t) => `${number(t.used.cpu, 1)} / ${t.quota.cpu ?? "∞"}` },
-      { key: "memory", title: "Memory used / quota", value: (t) => t.used.memory_bytes, show: (t) => `${bytes(t.used.memory_bytes)} / ${t.quota.memory ?? "∞"}` },
-      { key: "running", title: "Running / max", value: (t) => t.used.running_jobs, show: (t) => `${t.used.running_jobs} / ${t.quota.max_running_jobs ?? "∞"}` },
-      { key: "queued", title: "Queued / max", value: (t) => t.queued_jobs, show: (t) => `${t.queued_jobs} / ${t.quota.max_queued_jobs ?? "∞"}` },
+      ...QUOTA.filter((d) => d.used).map((d) => {
+        const used = (t) => (d.held ? t.used[d.used] : t[d.used]) ?? 0;
+        return { key: d.field, title: `${d.label} used / quota`, value: used,
+          show: (t) => `${amount(d, used(t))} / ${t.quota[d.field] ?? "∞"}` };
+      }),
       { key: "wait", title: "Avg wait (7 d)", value: (t) => t.avg_queue_wait_s_7d ?? -1, show: (t) => duration(t.avg_queue_wait_s_7d) },
     ];
 
     function render() {
       const c = data.capacity, q = data.sum_of_quotas, u = data.used;
       const rows = [
-        ["GPUs", u.gpus, q.gpus, c.gpus, (v) => number(v, 1)], ["CPU cores", u.cpu, q.cpu, c.cpu, (v) => number(v, 1)],
-        ["Memory", u.memory_bytes, q.memory_bytes, c.memory_bytes, bytes],
-        ["Running jobs", u.running_jobs, q.running_jobs, c.running_jobs, number],
-        ["Trainer processes", null, null, c.processes, number],
+        ...HELD.map((d) => [d.label, u[d.used], q[d.used], c[d.used], (v) => amount(d, v)]),
+        ["Trainer processes", null, null, c.processes, number],  // the backend's own (the local backend's slots)
       ];
       syncTable($("#capacity"), {
         label: "Capacity against the sum of quotas", key: (r) => r[0], rows, empty: "",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kembed_contract.kinds.models.word2vec import CENTER, CONTEXT
+
 __all__ = ["SkipGram"]
 
 
@@ -13,8 +15,8 @@ class SkipGram(nn.Module):
 
     def __init__(self, *, features: list[str]) -> None:
         super().__init__()
-        self.center_idx = features.index("center")
-        self.context_idx = features.index("context")
+        self.center_idx = features.index(CENTER)
+        self.context_idx = features.index(CONTEXT)
 
     def forward(self, dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
         (sparse,) = pooled

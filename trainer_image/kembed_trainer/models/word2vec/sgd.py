@@ -23,9 +23,11 @@ import torch
 import torch.distributed as dist
 
 from kembed_contract import trainer_config as config
-from kembed_trainer import embedding, sgns_kernel, sparse_optim
+from kembed_contract.kinds.models.word2vec import CENTER, CONTEXT
+from kembed_trainer import embedding, sparse_optim
 from kembed_trainer.data import text
 from kembed_trainer.data.synthetic import _generator
+from kembed_trainer.models.word2vec import sgns_kernel
 
 __all__ = ["SkipGramSGD"]
 
@@ -48,11 +50,11 @@ class SkipGramSGD:
         self.weight = group.weight  # the two tables stacked: what ranks reconcile
         by_feature = {f: i for i, t in enumerate(group.tables) for f in t.features}
         tables = {f: group.tables[i] for f, i in by_feature.items()}
-        self.center = self.weight[group.table_slices(by_feature["center"])].numpy()
-        self.context = self.weight[group.table_slices(by_feature["context"])].numpy()
-        self.lr_scale = (tables["center"].lr_scale, tables["context"].lr_scale)
-        self.tokens = data.train.tokens.numpy()
-        self.offsets = data.train.offsets.numpy()
+        self.center = self.weight[group.table_slices(by_feature[CENTER])].numpy()
+        self.context = self.weight[group.table_slices(by_feature[CONTEXT])].numpy()
+        self.lr_scale = (tables[CENTER].lr_scale, tables[CONTEXT].lr_scale)
+        # The step's sentences (data.train_sentences): word ids, and where each sentence starts.
+        self.tokens, self.offsets = np.zeros(0, np.int64), np.zeros(1, np.int64)
         # Kernel forms of the data's distributions: keep when keep >= a uniform uint32; noise by bisection.
         self.keep = np.minimum(data.keep_prob.numpy() * 2.0**32, 2.0**32 - 1).astype(np.uint32)
         cdf = data.noise_cdf.numpy()
@@ -83,7 +85,8 @@ class SkipGramSGD:
 
     def step(self, step: int) -> torch.Tensor:
         """Train on the step's sentences; the mean loss per (center, target) sample of this rank."""
-        first, last = self.data.train_sentences(step)
+        self.tokens, self.offsets = self.data.train_sentences(step)
+        first, last = 0, len(self.offsets) - 1
         lr_first = sparse_optim.learning_rate(self.opt, step, self.total_steps)
         lr_last = sparse_optim.learning_rate(self.opt, step + 1, self.total_steps)
         if self._before is not None:
