@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -105,7 +106,7 @@ def test_dlrm_learns_from_files(tmp_path, ckpt_uri, fmt):
         uri = str(tmp_path / "clicks")
     else:
         tags = pa.array(["|".join(map(str, t)) for t in rows.column("tags").to_pylist()])
-        pa.csv.write_csv(rows.set_column(1, "tags", tags), tmp_path / "rows.csv")
+        pa_csv.write_csv(rows.set_column(1, "tags", tags), tmp_path / "rows.csv")
         uri = f"file://{tmp_path}/rows.csv"
     code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", table_config(uri, ckpt_uri)), nproc=2)
     assert code == 0, stderr
