@@ -80,7 +80,7 @@ def make_data(path: pathlib.Path, big_rows: int, num_samples: int, *, seed: int 
 
 
 def job_config(big_rows: int, *, cache_rows: int | None, steps: int, batch: int, log_every: int,
-               data: pathlib.Path) -> dict:
+               data: pathlib.Path, checkpoint: str | None = None, checkpoint_every: int = 0) -> dict:
     tier = {"tier": {"cache_rows": cache_rows}} if cache_rows else {"sharding": "row_wise"}
     tables = [{"name": f"big{i}", "num_embeddings": big_rows, "embedding_dim": 64, "features": [f"b{i}"], **tier}
               for i in range(4)]
@@ -94,6 +94,8 @@ def job_config(big_rows: int, *, cache_rows: int | None, steps: int, batch: int,
                  "eval_fraction": 0.02, "shuffle_buffer": 32768},
         "optimizer": {"sparse": {"name": "rowwise_adagrad", "lr": 0.05}, "dense": {"name": "adam", "lr": 0.001}},
         "training": {"steps": steps, "batch_size": batch, "seed": 0, "log_every": log_every, "threads": 2},
+        **({"checkpoint": {"uri": f"{checkpoint}-{big_rows}-{bool(cache_rows)}", "every_steps": checkpoint_every,
+                           "incremental": True, "keep": 2}} if checkpoint else {}),
     }
 
 
@@ -119,6 +121,8 @@ def run_job(name: str, cfg: dict, *, cold: bool, folder: pathlib.Path) -> dict:
     progress = [r for r in records if r["event"] == "progress"]
     progress = progress[len(progress) // 2:]  # the second half: the cache full (start-up, filling left out)
     started_rec = next(r for r in records if r["event"] == "started")
+    saves = [(r["step"], r["kind"], round(r["num_bytes"] / 2**20, 1), r["seconds"], r["blocked_seconds"])
+             for r in records if r["event"] == "checkpoint"]
     out = {
         "samples_per_sec": statistics.mean(r["samples_per_sec"] for r in progress),
         "compute_samples_per_sec": statistics.mean(
@@ -128,6 +132,8 @@ def run_job(name: str, cfg: dict, *, cold: bool, folder: pathlib.Path) -> dict:
         "wall_s": wall,
         "auc": next((r["auc"] for r in records if r["event"] == "eval"), None),
     }
+    if saves:
+        print(f"{name} saves (step, kind, MB, seconds, blocked seconds): {saves}", flush=True)
     for key in ("tier_hit_rate", "tier_fetched_rows_per_step", "tier_written_rows_per_step",
                 "tier_fetched_mb_per_step", "tier_written_mb_per_step", "tier_wait_share", "tier_io_share",
                 "compute_share", "data_share"):
@@ -172,6 +178,8 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=20)
     parser.add_argument("--variants", nargs="+", default=["in-memory", "tiered-fit", "tiered-4x", "tiered-4x-cold"])
     parser.add_argument("--repeats", type=int, default=1, help="rounds of every variant, interleaved; medians")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="steps between checkpoints (incremental, to the temp folder); 0 = none")
     parser.add_argument("--dir", default=None, help="where the stores go (default: the temp folder)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
@@ -193,7 +201,9 @@ def main() -> None:
         make_data(fit_data, args.fit_rows, samples)
         make_data(big_data, big_rows, samples)
         print(f"data: 2 x {samples:,} rows ({time.perf_counter() - t:.0f} s)", flush=True)
-        common = {"steps": args.steps, "batch": args.batch_size, "log_every": args.log_every}
+        common = {"steps": args.steps, "batch": args.batch_size, "log_every": args.log_every,
+                  "checkpoint": f"file://{tmp}/ckpt" if args.checkpoint_every else None,
+                  "checkpoint_every": args.checkpoint_every}
         fit_cache = min(cache_rows, args.fit_rows)
         variants = {
             "in-memory": (job_config(args.fit_rows, cache_rows=None, data=fit_data, **common), False, args.fit_rows),

@@ -34,6 +34,7 @@ with training's). Training waits only for the copy, and for a previous save stil
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 import warnings
@@ -156,9 +157,9 @@ class Checkpointer:
         row stands for (`row_index`); they land before the COMPLETE marker, so a complete checkpoint has them.
         `kind`: as `next_kind` said (a delta's `state` holds delta.DELTA_KEY instead of the tables). `started`:
         when training stopped for this save (before it built `state`), so the stall reported counts that too.
-        `sources`: placeholders of `state` (`step_writer.placeholder`) whose rows are read from elsewhere as they are written,
-        by flattened key (step_writer.RowRangePlanner): the caller keeps what they read unchanged until the save
-        landed (`wait`).
+        `sources`: placeholders of `state` (`step_writer.placeholder`) whose rows are read from elsewhere as they
+        are written, by flattened key (step_writer.RowRangePlanner): such a save is written here and now, in the
+        caller's thread (what it reads must not change meanwhile), and its `blocked_seconds` is all of it.
         """
         start = time.perf_counter() if started is None else started
         waiting = time.perf_counter()
@@ -171,8 +172,12 @@ class Checkpointer:
         self._checked_step(step, write=True)  # refused here, in the training thread, if outside the policy
         staged = _copy(state)
         blocked = time.perf_counter() - start
+        if sources:  # rows read as they are written: training waits for the whole save, which says so
+            saved = self._write(step, staged, dict(files or {}), start, (blocked, waited), kind, parent, sources)
+            self._landed.append(dataclasses.replace(saved, blocked_seconds=time.perf_counter() - start))
+            return
         self._inflight = self._executor.submit(
-            self._write, step, staged, dict(files or {}), start, (blocked, waited), kind, parent, dict(sources or {})
+            self._write, step, staged, dict(files or {}), start, (blocked, waited), kind, parent, {}
         )
 
     def poll(self) -> list[SavedCheckpoint]:
