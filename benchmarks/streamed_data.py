@@ -5,13 +5,13 @@
     .venv/bin/python benchmarks/streamed_data.py throughput --gb 1      # synthetic vs Parquet on disk vs on S3
     .venv/bin/python benchmarks/streamed_data.py shuffle                # a log sorted by a feature: AUC per buffer
     .venv/bin/python benchmarks/streamed_data.py text memory --words 10 100   # word2vec: one epoch each, peak RSS
-    .venv/bin/python benchmarks/streamed_data.py text speed --words 10        # words/s, streamed vs main's in-memory
+    .venv/bin/python benchmarks/streamed_data.py text speed --words 10        # words/s, streamed vs the in-memory reader
 
 Text (`text`): a Zipf corpus (200,000 word types of 3-10 letters, exponent 1, sentences of 5-35 words, one per
 line) in files of 10M words under ~/.cache/kembed/text-zipf-<words>m/, generated once, the first file of every
 size the same. `memory` runs a light word2vec (width 32, 50,000 words a step) for one epoch on each size with the
-trainer of this tree and, on the smallest, the in-memory reader it replaced (main's trainer: the commit this
-branch forked from, extracted with `git archive` under ~/.cache/kembed/, run from there). `speed` runs word2vec
+trainer of this tree and, on the smallest, the in-memory reader it replaced (the trainer of IN_MEMORY_TEXT, the
+last commit that had it, extracted with `git archive` under ~/.cache/kembed/ and run from there). `speed` runs word2vec
 with its defaults (width 100, window 5, 5 negatives) for one epoch, both trainers interleaved over rounds, at 1
 process x 2 threads and 2 ranks x 1 thread: words/s is the corpus's words over the training time (the `progress`
 records' own, so the vocabulary pass is not in it; `start-up s` is the time to the first step, the pass included).
@@ -276,10 +276,13 @@ def corpus_words(corpus: pathlib.Path) -> int:
     return sum(len(line.split()) for path in sorted(corpus.glob("*.txt")) for line in open(path, encoding="utf-8"))
 
 
+# The last commit whose text reader held the whole corpus in memory (the next ones stream it).
+IN_MEMORY_TEXT = "544815d7b775b8f454322d60adc7409350e7811d"
+
+
 def main_trainer() -> pathlib.Path:
-    """main's trainer and contract (this branch's fork point), extracted once: the in-memory text reader."""
-    base = subprocess.run(["git", "merge-base", "HEAD", "main"], capture_output=True, text=True, check=True,
-                          cwd=REPO).stdout.strip()
+    """The trainer and contract of IN_MEMORY_TEXT, extracted once (git archive): the in-memory text reader."""
+    base = IN_MEMORY_TEXT
     out = CACHE / f"kembed-main-{base[:12]}"
     if not (out / "_DONE").exists():
         out.mkdir(parents=True, exist_ok=True)
@@ -294,7 +297,7 @@ def w2v_job(corpus: pathlib.Path, *, dim: int, batch_size: int, threads: int) ->
     tables = [{"name": name, "num_embeddings": TEXT_TYPES, "embedding_dim": dim, "features": [feature]}
               for name, feature in (("words_in", "center"), ("words_out", "context"))]
     return {"model": {"kind": "word2vec"}, "embeddings": {"tables": tables},
-            "data": {"kind": "text", "uri": str(corpus)},  # the text defaults (gensim's), main's and ours alike
+            "data": {"kind": "text", "uri": str(corpus)},  # the text defaults (gensim's), the old reader's and ours alike
             "training": {"epochs": 1, "batch_size": batch_size, "log_every": 1, "threads": threads}}
 
 
@@ -328,7 +331,7 @@ def run_w2v(cfg: dict, *, ranks: int = 1, trainer: pathlib.Path | None = None) -
 def text_memory(sizes: list[int]) -> None:
     rows = []
     variants = [(f"{m}M words, streamed", m, None) for m in sizes]
-    variants.insert(1, (f"{sizes[0]}M words, main's in-memory reader", sizes[0], main_trainer()))
+    variants.insert(1, (f"{sizes[0]}M words, in-memory reader", sizes[0], main_trainer()))
     for name, millions, trainer in variants:
         corpus = text_corpus(millions)
         on_disk = sum(p.stat().st_size for p in corpus.glob("*.txt")) / 2**20
@@ -347,9 +350,9 @@ def text_speed(millions: int, repeats: int) -> None:
     words = corpus_words(corpus)
     main = main_trainer()
     variants = {
-        "main's in-memory reader, 1 process x 2 threads": dict(trainer=main, ranks=1, threads=2),  # noqa: C408
+        "in-memory reader, 1 process x 2 threads": dict(trainer=main, ranks=1, threads=2),  # noqa: C408
         "streamed, 1 process x 2 threads": dict(trainer=None, ranks=1, threads=2),  # noqa: C408
-        "main's in-memory reader, 2 ranks x 1 thread": dict(trainer=main, ranks=2, threads=1),  # noqa: C408
+        "in-memory reader, 2 ranks x 1 thread": dict(trainer=main, ranks=2, threads=1),  # noqa: C408
         "streamed, 2 ranks x 1 thread": dict(trainer=None, ranks=2, threads=1),  # noqa: C408
     }
     rounds = []
@@ -361,11 +364,11 @@ def text_speed(millions: int, repeats: int) -> None:
             print(f"round {i + 1}: {name}: {words / results[name]['seconds']:,.0f} words/s, "
                   f"start-up {results[name]['startup']:.1f} s, load {os.getloadavg()[0]:.1f}", flush=True)
         rounds.append(results)
-    print(f"corpus: {words:,} words; main's trainer: {main.name}")
+    print(f"corpus: {words:,} words; in-memory reader: {main.name}")
     rows = []
     for name in variants:
         wps = float(np.median([words / r[name]["seconds"] for r in rounds]))
-        base = "main's in-memory reader, " + name.split(", ", 1)[1]
+        base = "in-memory reader, " + name.split(", ", 1)[1]
         ratio = wps / float(np.median([words / r[base]["seconds"] for r in rounds]))
         rows.append((name, f"{wps:,.0f}", f"{ratio:.3f}", f"{np.median([r[name]['startup'] for r in rounds]):.1f}",
                      f"{np.median([r[name]['memory_mb'] for r in rounds]):.0f}"))
