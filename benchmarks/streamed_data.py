@@ -14,7 +14,10 @@ trainer of this tree and, on the smallest, the in-memory reader it replaced (the
 last commit that had it, extracted with `git archive` under ~/.cache/kembed/ and run from there). `speed` runs word2vec
 with its defaults (width 100, window 5, 5 negatives) for one epoch, both trainers interleaved over rounds, at 1
 process x 2 threads and 2 ranks x 1 thread: words/s is the corpus's words over the training time (the `progress`
-records' own, so the vocabulary pass is not in it; `start-up s` is the time to the first step, the pass included).
+records' own, so the vocabulary pass is not in it; `start-up s` is the time to the first step, the pass included)
+and words/CPU s the corpus's words over the CPU time the job's processes spent training (the reader thread's
+included): on a shared machine the second moves far less with the neighbours' load. Ratios are per round,
+against the in-memory run just before, then the median.
 
 Data (`make`): Parquet under ~/.cache/kembed/criteo-shaped-<N>gb/, uncompressed (so N GB on disk is N GB to
 read and decode), files of 256 MiB in row groups of 131072 rows: a 0/1 label, 13 dense floats, 26 integer ids
@@ -301,31 +304,63 @@ def w2v_job(corpus: pathlib.Path, *, dim: int, batch_size: int, threads: int) ->
             "training": {"epochs": 1, "batch_size": batch_size, "log_every": 1, "threads": threads}}
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and all its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        ticks[int(entry)] = int(fields[11]) + int(fields[12])
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += ticks.get(p, 0)
+        todo += children.get(p, [])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def run_w2v(cfg: dict, *, ranks: int = 1, trainer: pathlib.Path | None = None) -> dict:
-    """One word2vec job in its own process (torchrun for 2 ranks), with this tree's trainer or `trainer`'s."""
+    """One word2vec job in its own process (torchrun for 2 ranks), with this tree's trainer or `trainer`'s; its
+    training time (the `progress` records' own) and the CPU time its processes spent from the `started` record
+    to the `done` one (training, the reader thread's work included, and the final eval)."""
     path = REPO / "trainer_image" if trainer is None else trainer / "trainer_image"
     contract = REPO / "contract" if trainer is None else trainer / "contract"
     launcher = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                     "--nnodes", "1", "--nproc-per-node", str(ranks)]
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f, tempfile.TemporaryFile("w+") as err:
         json.dump(cfg, f)
         f.flush()
         started = time.time()
-        proc = subprocess.run([*launcher, "-m", "kembed_trainer", "--config", f.name], capture_output=True, text=True,
-                              env={**os.environ, "KEMBED_JOB_ID": "bench", "PYTHONPATH": f"{path}:{contract}"},
-                              check=False)
+        proc = subprocess.Popen([*launcher, "-m", "kembed_trainer", "--config", f.name], stdout=subprocess.PIPE,
+                                stderr=err, text=True,
+                                env={**os.environ, "KEMBED_JOB_ID": "bench", "PYTHONPATH": f"{path}:{contract}"})
+        recs, cpu = [], {}
+        for line in proc.stdout:
+            if line.startswith("{"):
+                recs.append(json.loads(line))
+                if recs[-1]["event"] in ("started", "done"):
+                    cpu[recs[-1]["event"]] = tree_cpu_seconds(proc.pid)
+        code = proc.wait()
         wall = time.time() - started
-    if proc.returncode != 0:
-        raise RuntimeError(f"job failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    recs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        if code != 0:
+            err.seek(0)
+            raise RuntimeError(f"job failed ({code}): {err.read()[-2000:]}")
     first = next(r for r in recs if r["event"] == "started")
     progress = [r for r in recs if r["event"] == "progress"]
     steps = [first["step"], *(r["step"] for r in progress)]
     # Each record's rate covers the steps since the one before: its training time is those steps' words / rate.
     seconds = sum((b - a) * cfg["training"]["batch_size"] * ranks / r["samples_per_sec"]
                   for a, b, r in zip(steps, steps[1:], progress, strict=False))
-    return {"seconds": seconds, "startup": first["time"] - started, "wall": wall, "dataset": first["dataset"],
-            "memory_mb": max(r["memory_mb"] for r in progress), "steps": recs[-1]["step"]}
+    return {"seconds": seconds, "cpu_seconds": cpu["done"] - cpu["started"], "startup": first["time"] - started,
+            "wall": wall, "dataset": first["dataset"], "memory_mb": max(r["memory_mb"] for r in progress),
+            "steps": recs[-1]["step"]}
 
 
 def text_memory(sizes: list[int]) -> None:
@@ -338,11 +373,12 @@ def text_memory(sizes: list[int]) -> None:
         r = run_w2v(w2v_job(corpus, dim=32, batch_size=50_000, threads=os.cpu_count()), trainer=trainer)
         words = r["dataset"]["train_tokens"]
         rows.append((name, f"{on_disk:.0f} MiB", f"{words:,}", r["steps"], f"{r['memory_mb']:.0f}",
-                     f"{r['startup']:.1f}", f"{words / r['seconds']:,.0f}"))
-        print(rows[-1], flush=True)
+                     f"{r['startup']:.1f}", f"{words / r['seconds']:,.0f}", f"{words / r['cpu_seconds']:,.0f}"))
+        print(rows[-1], f"load {os.getloadavg()[0]:.1f}", flush=True)
     base = float(rows[0][4])
     table([(*row, f"{float(row[4]) / base:.3f}") for row in rows],
-          ("corpus", "on disk", "training words", "steps", "peak RSS MB", "start-up s", "words/s", "RSS ratio"))
+          ("corpus", "on disk", "training words", "steps", "peak RSS MB", "start-up s", "words/s", "words/CPU s",
+           "RSS ratio"))
 
 
 def text_speed(millions: int, repeats: int) -> None:
@@ -360,19 +396,27 @@ def text_speed(millions: int, repeats: int) -> None:
         results = {}
         for name, v in variants.items():
             cfg = w2v_job(corpus, dim=100, batch_size=50_000, threads=v["threads"])
-            results[name] = run_w2v(cfg, ranks=v["ranks"], trainer=v["trainer"])
-            print(f"round {i + 1}: {name}: {words / results[name]['seconds']:,.0f} words/s, "
-                  f"start-up {results[name]['startup']:.1f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+            r = results[name] = run_w2v(cfg, ranks=v["ranks"], trainer=v["trainer"])
+            print(f"round {i + 1}: {name}: {words / r['seconds']:,.0f} words/s, {words / r['cpu_seconds']:,.0f} "
+                  f"words/CPU s, start-up {r['startup']:.1f} s, load {os.getloadavg()[0]:.1f}", flush=True)
         rounds.append(results)
     print(f"corpus: {words:,} words; in-memory reader: {main.name}")
     rows = []
     for name in variants:
-        wps = float(np.median([words / r[name]["seconds"] for r in rounds]))
         base = "in-memory reader, " + name.split(", ", 1)[1]
-        ratio = wps / float(np.median([words / r[base]["seconds"] for r in rounds]))
-        rows.append((name, f"{wps:,.0f}", f"{ratio:.3f}", f"{np.median([r[name]['startup'] for r in rounds]):.1f}",
-                     f"{np.median([r[name]['memory_mb'] for r in rounds]):.0f}"))
-    table(rows, ("trainer", "words/s (median)", "x in-memory", "start-up s", "peak RSS MB"))
+        # Each round's ratio to the in-memory run just before it (the load moves less within a pair than across
+        # rounds), then the median over rounds.
+        def ratio(key: str, name: str = name, base: str = base) -> float:
+            return float(np.median([r[base][key] / r[name][key] for r in rounds]))
+
+        def median(key: str, name: str = name) -> float:
+            return float(np.median([r[name][key] for r in rounds]))
+
+        rows.append((name, f"{words / median('seconds'):,.0f}", f"{ratio('seconds'):.3f}",
+                     f"{words / median('cpu_seconds'):,.0f}", f"{ratio('cpu_seconds'):.3f}",
+                     f"{median('startup'):.1f}", f"{median('memory_mb'):.0f}"))
+    table(rows, ("trainer", "words/s (median)", "x in-memory", "words/CPU s", "x in-memory", "start-up s",
+                 "peak RSS MB"))
 
 
 def main() -> None:
