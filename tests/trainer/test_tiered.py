@@ -12,6 +12,7 @@ from kembed_trainer.data.batch import Batch
 from kembed_trainer.tiered import cache as tier_cache
 from kembed_trainer.tiered import store as tier_store
 from tests.trainer.conftest import run_trainer, tiny_config, write_config
+from tests.trainer.test_export import assert_exported_as_whole, exported_bytes
 
 OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam"]
 BATCH = 64
@@ -180,7 +181,7 @@ def losses(recs: list[dict]) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in recs if r["event"] == "progress"}
 
 
-def test_a_tiered_chain_resumes_bit_for_bit(tmp_path):
+def test_a_tiered_chain_resumes_bit_for_bit(tmp_path, monkeypatch):
     """Full checkpoints and deltas stream the tiered tables from their stores and back: a run stopped at step 15
     (saves: full 5, deltas 10 and 15) and resumed trains on as one that never stopped, loss for loss."""
     code, whole, stderr = run_trainer(
@@ -203,11 +204,16 @@ def test_a_tiered_chain_resumes_bit_for_bit(tmp_path):
     assert then[-1]["eval"] == whole[-1]["eval"]
     assert any("tier_hit_rate" in r for r in then if r["event"] == "progress")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("kembed-tier")]  # no store left behind
-    # Exports read tiered tables as any: the chain's last step (full at 20, delta at 25) gives the vectors the
-    # uninterrupted run's full checkpoint of step 25 gives.
+    # Exports read tiered tables as any, a range of rows at a time: the chain's last step (full at 20, delta at
+    # 25) gives the vectors the uninterrupted run's full checkpoint of step 25 gives, in every format, and what
+    # the whole table read at once gives.
     for table in ("t0", "t1"):
-        chained = export.read_table(f"{uri}/step-25", table).vectors
-        np.testing.assert_array_equal(chained, export.read_table(f"file://{tmp_path}/a/step-25", table).vectors)
+        with (export.read_table(f"{uri}/step-25", table) as chained,
+              export.read_table(f"file://{tmp_path}/a/step-25", table) as uninterrupted):
+            np.testing.assert_array_equal(chained.vectors.read(), uninterrupted.vectors.read())
+            for fmt in export.FORMATS:
+                assert exported_bytes(chained, fmt) == exported_bytes(uninterrupted, fmt), fmt
+        assert_exported_as_whole(f"{uri}/step-25", table, monkeypatch)
 
 
 @pytest.mark.parametrize(("first", "then"), [pytest.param(1, 2, id="1-to-2"), pytest.param(2, 1, id="2-to-1")])

@@ -1,15 +1,19 @@
 """A checkpoint's embeddings in the formats other tools load, and nearest neighbours, read offline.
 
 Reads one complete `step-N/` folder with DCP in a single process (no process group): a table sharded row-wise
-over any number of ranks is gathered whole, as DCP reads every rank's rows into one tensor. What each row stands
-for comes from the checkpoint's own row index (`row_index.py`). A delta (an incremental checkpoint) is read
+over any number of ranks reads as one, as DCP reads every rank's rows by their place in the table. What each row
+stands for comes from the checkpoint's own row index (`row_index.py`). A delta (an incremental checkpoint) is read
 through its chain: the table from the chain's full checkpoint (which holds the row index too), then each delta's
 changed rows on it, in order.
+
+A table is never whole in memory (a tiered table is larger than its trainers' memory, and can be larger than
+this process's): `saved_table.SavedTable` reads it a range of rows at a time, and every format and the
+neighbours search go through it range by range, so the peak memory is a range's, not the table's.
 
 Formats (`FORMATS`):
 - `parquet`: one row per word or id: `token` (a vocabulary's words), `id` (int64, plain tables) or `feature`,
   `id` (text) and `row` (hashed tables, one row per raw id seen in training), then `vector` (fixed-size list of
-  float32).
+  float32); a row group per range.
 - `numpy`: a `.npy` matrix, row i = table row i (the vocabulary's rows for a model with a vocabulary).
 - those a model kind adds (`kembed_contract.kinds.EXPORT_FORMATS`), written by its trainer half's `writers`, for
   any job's tables.
@@ -18,9 +22,9 @@ Formats (`FORMATS`):
 from __future__ import annotations
 
 import json
-import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, overload
 
 import fsspec
 import numpy as np
@@ -29,7 +33,7 @@ import pyarrow.parquet as pq
 import torch
 
 from kembed_contract import kinds, runtime
-from kembed_trainer import dcp_read, delta, embedding, row_index
+from kembed_trainer import dcp_read, embedding, row_index, saved_table
 from kembed_trainer import kinds as trainer_kinds
 from kembed_trainer.data.table import hash_string
 
@@ -43,17 +47,60 @@ class ExportError(ValueError):
     """The checkpoint lacks what was asked for (a table, a word, its row index)."""
 
 
+class _IdTexts(Sequence[str]):
+    """The keys of a table whose raw id i is row i: id i as text, made when asked (a table may have more rows
+    than this process can hold strings for)."""
+
+    def __init__(self, num_rows: int) -> None:
+        self._ids = range(num_rows)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [str(i) for i in self._ids[index]]
+        return str(self._ids[index])
+
+
 @dataclass
 class TableRows:
-    """One table's vectors and what its rows stand for."""
+    """One table's vectors and what its rows stand for. The vectors are read a range at a time (`chunks`,
+    `vectors_of`); `close` (or `with`) gives back the scratch space a delta chain's table may take."""
 
     name: str
     meaning: str  # words | ids | hashed_ids (row_index.rows_meaning)
-    vectors: np.ndarray  # [rows, dim] float32: the vocabulary's rows for words, else every row
-    keys: list[str]  # one per entry: the word, the id, or the raw id (hashed)
-    rows: np.ndarray  # the row of each key
+    vectors: saved_table.SavedTable  # the vocabulary's rows for words, else every row
+    keys: Sequence[str]  # one per entry: the word, the id, or the raw id (hashed)
+    rows: Sequence[int]  # the row of each key: range(len(keys)) but for hashed ids
     features: list[str] | None  # hashed: each key's feature
     bias_column: bool  # the last coordinate is a per-id bias, not a factor (ModelKind.bias_column)
+
+    def chunks(self) -> Iterator[tuple[int, int]]:
+        """The entries [start, stop) a range at a time: the table's own ranges where entry i is row i."""
+        if isinstance(self.rows, range):
+            return self.vectors.ranges()
+        step = self.vectors.chunk_rows
+        return ((start, min(start + step, len(self.rows))) for start in range(0, len(self.rows), step))
+
+    def vectors_of(self, start: int, stop: int) -> np.ndarray:
+        """The vectors of entries `start`.. `stop`, [stop - start, dim] float32."""
+        if isinstance(self.rows, range):  # entry i is row i
+            return self.vectors.read(start, stop)
+        return self.vectors.take(np.asarray(self.rows[start:stop], dtype=np.int64))
+
+    def close(self) -> None:
+        self.vectors.close()
+
+    def __enter__(self) -> TableRows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def read_manifest(step_uri: str) -> dict[str, Any]:
@@ -104,48 +151,25 @@ def read_table(step_uri: str, table: str | None = None) -> TableRows:
     spec = next((t for t in manifest["tables"] if t["name"] == name), None)
     if spec is None:
         raise ExportError(f"table: not in this checkpoint (its tables: {[t['name'] for t in manifest['tables']]})")
-    vectors = _load_weight(step_uri, name)
-    for delta_uri in chain[1:]:
-        _apply_delta(delta_uri, name, vectors)
+    readers = [dcp_read.RowRanges(uri) for uri in chain]
+    key = saved_table.weight_key(name)
+    if readers[0].shape(key) is None:
+        raise ExportError(f"table {name!r}: no {key} in {step_uri}")
     meaning = spec["rows"]
     features = None
     if meaning == "words":
-        keys = list(manifest["vocabulary"])
-        vectors = vectors[: len(keys)]
-        rows = np.arange(len(keys))
+        keys: Sequence[str] = list(manifest["vocabulary"])
+        vectors = saved_table.SavedTable(readers, name, num_rows=len(keys))
+        rows: Sequence[int] = range(vectors.num_rows)
+        keys = keys[: vectors.num_rows]
     elif meaning == "ids":
-        keys = [str(i) for i in range(vectors.shape[0])]
-        rows = np.arange(vectors.shape[0])
+        vectors = saved_table.SavedTable(readers, name)
+        keys, rows = _IdTexts(vectors.num_rows), range(vectors.num_rows)
     else:
         ids = _read_ids(step_uri, name)
+        vectors = saved_table.SavedTable(readers, name)
         keys, rows, features = ids["id"].to_pylist(), ids["row"].to_numpy(), ids["feature"].to_pylist()
     return TableRows(name, meaning, vectors, keys, rows, features, bool(manifest.get("bias_column")))
-
-
-def _load_weight(step_uri: str, table: str) -> np.ndarray:
-    reader = dcp_read.SafeReader(step_uri)
-    key = f"embeddings.{table}.weight"
-    entry = reader.read_metadata().state_dict_metadata.get(key)
-    if entry is None:
-        raise ExportError(f"table {table!r}: no {key} in {step_uri}")
-    state = {"embeddings": {f"{table}.weight": torch.empty(tuple(entry.size), dtype=torch.float32)}}
-    with warnings.catch_warnings():  # one process, no process group: intended
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp_read.load(state, step_uri)
-    return state["embeddings"][f"{table}.weight"].numpy()
-
-
-def _apply_delta(delta_uri: str, table: str, vectors: np.ndarray) -> None:
-    """Copy a delta's changed rows of `table` into `vectors` (in place)."""
-    saved = dcp_read.SafeReader(delta_uri).read_metadata().state_dict_metadata
-    wanted = {k: v for k, v in delta.entries_of(saved).items()
-              if k.startswith(f"{table}.") and k.rsplit(".", 1)[-1] in ("rows", "weight")}
-    if not wanted:
-        return  # no row of this table changed
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp_read.load({delta.DELTA_KEY: wanted}, delta_uri)
-    delta.apply({f"{table}.weight": torch.from_numpy(vectors)}, wanted)
 
 
 def _read_ids(step_uri: str, table: str) -> pa.Table:
@@ -165,29 +189,47 @@ def _read_ids(step_uri: str, table: str) -> pa.Table:
 
 # ----------------------------------------------------------------------------------------------- writing
 def write(rows: TableRows, fmt: str, out: IO[bytes]) -> None:
-    """Write `rows` in format `fmt` to the binary stream `out`."""
+    """Write `rows` in format `fmt` to the binary stream `out`, a range of rows at a time."""
     if fmt not in FORMATS:
         raise ExportError(f"format {fmt!r}: one of {', '.join(FORMATS)}")
     if fmt == "numpy":
-        np.save(out, np.ascontiguousarray(rows.vectors, dtype=np.float32))
+        _write_numpy(rows, out)
     elif fmt == "parquet":
         _write_parquet(rows, out)
     else:
         trainer_kinds.export_writers()[fmt](rows, out)
 
 
+def _write_numpy(rows: TableRows, out: IO[bytes]) -> None:
+    """What `np.save` writes of the whole matrix: its header, then the rows in order."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
+              "shape": rows.vectors.shape}
+    np.lib.format.write_array_header_1_0(out, header)
+    for start, stop in rows.vectors.ranges():
+        out.write(rows.vectors.read(start, stop).tobytes())
+
+
 def _write_parquet(rows: TableRows, out: IO[bytes]) -> None:
-    dim = rows.vectors.shape[1]
+    dim = rows.vectors.dim
     if rows.meaning == "words":
-        key_column = {"token": pa.array(rows.keys, pa.string())}
+        keys = [pa.field("token", pa.string())]
     elif rows.meaning == "ids":
-        key_column = {"id": pa.array(rows.rows, pa.int64())}
+        keys = [pa.field("id", pa.int64())]
     else:
-        key_column = {"feature": pa.array(rows.features, pa.string()), "id": pa.array(rows.keys, pa.string()),
-                      "row": pa.array(rows.rows, pa.int64())}
-    flat = pa.array(rows.vectors[rows.rows].astype(np.float32, copy=False).reshape(-1))
-    vectors = pa.FixedSizeListArray.from_arrays(flat, dim)
-    pq.write_table(pa.table({**key_column, "vector": vectors}), out)
+        keys = [pa.field("feature", pa.string()), pa.field("id", pa.string()), pa.field("row", pa.int64())]
+    schema = pa.schema([*keys, pa.field("vector", pa.list_(pa.float32(), dim))])
+    with pq.ParquetWriter(out, schema) as writer:
+        for start, stop in rows.chunks():
+            if rows.meaning == "words":
+                columns = [pa.array(rows.keys[start:stop], pa.string())]
+            elif rows.meaning == "ids":
+                columns = [pa.array(np.arange(start, stop, dtype=np.int64))]
+            else:
+                columns = [pa.array(rows.features[start:stop], pa.string()), pa.array(rows.keys[start:stop], pa.string()),
+                           pa.array(np.asarray(rows.rows[start:stop], dtype=np.int64))]
+            flat = pa.array(rows.vectors_of(start, stop).reshape(-1))
+            vectors = pa.FixedSizeListArray.from_arrays(flat, dim)
+            writer.write_table(pa.Table.from_arrays([*columns, vectors], schema=schema))
 
 
 # ----------------------------------------------------------------------------------------------- neighbours
@@ -202,10 +244,10 @@ def _row_of(rows: TableRows, query: str) -> int:
             row = int(query)
         except ValueError:
             raise ExportError(f"word: table {rows.name!r} has integer ids; give one") from None
-        if not 0 <= row < rows.vectors.shape[0]:
-            raise ExportError(f"word: an id of table {rows.name!r} is in [0, {rows.vectors.shape[0]})")
+        if not 0 <= row < rows.vectors.num_rows:
+            raise ExportError(f"word: an id of table {rows.name!r} is in [0, {rows.vectors.num_rows})")
         return row
-    for key, row in zip(rows.keys, rows.rows.tolist(), strict=True):
+    for key, row in zip(rows.keys, rows.rows, strict=True):
         if key == query:
             return row
     # Not seen in training: it still hashes to a row (as the trainer would look it up).
@@ -213,20 +255,42 @@ def _row_of(rows: TableRows, query: str) -> int:
         raw = int(query)
     except ValueError:
         raw = hash_string(query)
-    return int(embedding.hash_rows(torch.tensor([raw]), rows.vectors.shape[0])[0])
+    return int(embedding.hash_rows(torch.tensor([raw]), rows.vectors.num_rows)[0])
 
 
 def neighbours(rows: TableRows, query: str, k: int = 10) -> list[tuple[str, float]]:
-    """The `k` keys whose vectors are nearest to `query`'s by cosine similarity (itself left out)."""
+    """The `k` keys whose vectors are nearest to `query`'s by cosine similarity (itself left out), the table
+    scanned a range at a time."""
     target = _row_of(rows, query)
-    vectors = torch.from_numpy(np.ascontiguousarray(rows.vectors, dtype=np.float32))
-    if rows.bias_column:
-        vectors = vectors[:, :-1]
-    unit = torch.nn.functional.normalize(vectors, dim=1)
-    scores = unit @ unit[target]
-    key_rows = torch.from_numpy(np.asarray(rows.rows, dtype=np.int64).copy())
-    entry_scores = scores[key_rows]
-    entry_scores[key_rows == target] = -float("inf")
-    top = torch.topk(entry_scores, min(k, max(0, int((key_rows != target).sum()))))
-    return [(rows.keys[i], float(s)) for s, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)]
+    want = _unit(rows.vectors.take([target]), rows.bias_column)[0]
+    hashed = not isinstance(rows.rows, range)  # else entry i is row i
+    if hashed:  # the entries of each range of rows, found by sorting them once
+        entry_rows = np.asarray(rows.rows, dtype=np.int64)
+        order = np.argsort(entry_rows, kind="stable")
+        sorted_rows = entry_rows[order]
+    best_scores, best_entries = torch.empty(0), torch.empty(0, dtype=torch.int64)
+    for start, stop in rows.vectors.ranges():
+        scores = _unit(rows.vectors.read(start, stop), rows.bias_column) @ want
+        if hashed:
+            lo, hi = np.searchsorted(sorted_rows, [start, stop])
+            entries = order[lo:hi]
+            at = entry_rows[entries]
+        else:
+            entries = at = np.arange(start, stop)
+        keep = at != target
+        best_scores = torch.cat([best_scores, scores[torch.from_numpy(at[keep] - start)]])
+        best_entries = torch.cat([best_entries, torch.from_numpy(entries[keep].astype(np.int64))])
+        if best_scores.numel() > k:
+            top = torch.topk(best_scores, k)
+            best_scores, best_entries = top.values, best_entries[top.indices]
+    # Highest first; among equal scores the first entry first.
+    ranked = sorted(zip(best_scores.tolist(), best_entries.tolist(), strict=True), key=lambda s: (-s[0], s[1]))
+    return [(rows.keys[entry], score) for score, entry in ranked[:k]]
 
+
+def _unit(vectors: np.ndarray, bias_column: bool) -> torch.Tensor:
+    """Rows scaled to length 1 (without the bias coordinate), for cosine similarities."""
+    matrix = torch.from_numpy(vectors)
+    if bias_column:
+        matrix = matrix[:, :-1]
+    return torch.nn.functional.normalize(matrix, dim=1)
