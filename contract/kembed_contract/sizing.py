@@ -166,10 +166,10 @@ def with_cache_sizes(trainer: TrainerConfig, *, world_size: int, memory_bytes_pe
     share = min(1.0, left / whole)
     sizes = {t.name: max(1, math.floor(share * _rows_per_rank(t, world_size))) for t in auto}
     for t in auto:
-        needed = 2 * rows_per_step(t, trainer, world_size=world_size)
-        if sizes[t.name] < needed:
+        step = rows_per_step(t, trainer, world_size=world_size)
+        if sizes[t.name] < min(2 * step, _rows_per_rank(t, world_size)):  # all of its rows always do
             raise CacheTooSmall(
-                f"resources.memory_per_node: {two_steps_words(sizes[t.name], needed // 2)}: table {t.name}'s tier "
+                f"resources.memory_per_node: {two_steps_words(sizes[t.name], step)}: table {t.name}'s tier "
                 f"gives no cache size, and what {in_units(memory_bytes_per_rank)} per rank leaves after the rest "
                 f"of the job ({in_units(rest)}) holds {sizes[t.name]} of its rows; give the job more "
                 f"memory_per_node (or a smaller training.batch_size)")

@@ -132,7 +132,7 @@ def test_a_file_the_server_writes_into_a_job_folder_never_follows_a_planted_link
 
 # ---- local disk: tiered tables' rows under the job's folder ---------------------------------------------------
 def _tiered_spec(name: str = "tier", *, nodes: int = 1) -> JobSpec:
-    """The tiny DLRM with t0 (1M rows, 36 bytes each) tiered: about 600 MiB of local disk per node."""
+    """The tiny DLRM with t0 (1M rows, 36 bytes each) tiered: its rows and 256 MiB of headroom per node."""
     return JobSpec.model_validate(make_spec(name).with_nodes(nodes).with_table(
         "t0", num_embeddings=1_000_000, tier={"cache_rows": 10_000}).build())
 
@@ -142,9 +142,9 @@ def test_a_tier_larger_than_the_data_dirs_free_disk_is_refused_naming_the_field(
     needed = 2 * spec.resources.local_disk_bytes_per_node
     LocalBackend(data_dir=tmp_path, slots=4, free_disk=lambda path: needed).check_fits(spec)  # just enough
     small = LocalBackend(data_dir=tmp_path, slots=4, free_disk=lambda path: needed - 1)
-    with pytest.raises(ValueError, match=r"^resources.local_disk_per_node: the job asks for 1\.1. GiB of local "
-                                         r"disk in all \(2 node\(s\) x \d+Mi, its tiered tables' rows\) but the "
-                                         r"disk of this server's data dir has 1\.1. GiB free$"):
+    with pytest.raises(ValueError, match=r"^resources.local_disk_per_node: the job asks for 548.0 MiB of local "
+                                         r"disk in all \(2 node\(s\) x 274Mi, its tiered tables' rows\) but the "
+                                         r"disk of this server's data dir has 548.0 MiB free$"):
         small.check_fits(spec)
 
 
