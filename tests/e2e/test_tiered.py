@@ -36,12 +36,13 @@ def test_a_tiered_job_keeps_its_tier_in_its_folder_of_the_data_dir_and_trains_to
     job = server.client.submit(spec)
     assert job["estimates"]["tier_cache_rows_per_rank"] == {"t0": 1000}  # memory enough for its 1000 rows a rank
     folder = server.data_dir / "jobs" / job["id"] / "local"
-    with frozen(job["id"], lambda: server.client.logs(job["id"]), after_step=10):
+    # The tiered loops compile at each rank's start (numba's cache is the job's own): minutes on a loaded machine.
+    with frozen(job["id"], lambda: server.client.logs(job["id"]), after_step=10, timeout_s=600):
         tiers = {f for f in _held_files(trainer_pids(job["id"])) if "kembed-tier-" in f}
         assert len(tiers) == 2, tiers  # t0's rows of each of the two ranks
         assert all(f.startswith(f"{folder}/") and f.endswith(" (deleted)") for f in tiers), tiers
         assert list(folder.iterdir()) == []  # unlinked at open: a killed trainer leaves nothing behind
-    done = server.wait_terminal(job["id"])
+    done = server.wait_terminal(job["id"], timeout=600)
     assert done["state"] == "SUCCEEDED", done["message"]
     assert done["metrics"]["tier_hit_rate"] > 0
 
