@@ -25,7 +25,7 @@ from kembed_contract.kinds.base import BYTES_PER_FLOAT, BYTES_PER_ID
 from kembed_contract.trainer_config import TableConfig, TrainerConfig
 
 __all__ = [
-    "AUTO_CACHE_SHARE", "LOCAL_DISK_HEADROOM_BYTES", "CacheTooSmall", "MemoryEstimate", "auto_tiered",
+    "AUTO_CACHE_SHARE", "LOCAL_DISK_HEADROOM_BYTES", "CacheTooSmall", "MemoryEstimate", "auto_tiered", "in_units",
     "local_disk_bytes_per_node", "local_disk_bytes_per_rank", "memory_per_rank", "rows_per_step",
     "table_memory_bytes_per_rank", "two_steps_words", "with_cache_sizes",
 ]
