@@ -245,3 +245,32 @@ def test_two_ranks_train_tiered_tables_as_in_memory_ones(tmp_path):
         runs[name] = recs
     assert losses(runs["tiered"]) == pytest.approx(losses(runs["in_memory"]), rel=1e-5)
     assert runs["tiered"][-1]["eval"] == pytest.approx(runs["in_memory"][-1]["eval"], rel=1e-5)
+
+
+def test_a_tier_without_a_cache_size_takes_what_the_launchers_memory_limit_leaves(tmp_path):
+    """The launcher says what a rank may use (runtime.ENV_MEMORY_PER_RANK); the trainer sizes the cache from it
+    as the API's estimate did, and refuses to start, naming the fix, without it or when it leaves too little."""
+    from kembed_contract import runtime, sizing
+
+    cfg = tiny_config(training={"steps": 10, "log_every": 5})
+    cfg["embeddings"]["tables"][0]["tier"] = {}
+    path = write_config(tmp_path / "auto.yaml", cfg)
+
+    code, _, stderr = run_trainer(path)
+    assert code == runtime.EXIT_BAD_CONFIG
+    assert ("config error: embeddings.tables[].tier: table t0's tier gives no cache size and the launcher gave no "
+            "memory limit (KEMBED_MEMORY_BYTES_PER_RANK) to size it from: give its cache_rows or cache_mb") in stderr
+
+    code, _, stderr = run_trainer(path, **{runtime.ENV_MEMORY_PER_RANK: str(64 * 2**20)})
+    assert code == runtime.EXIT_BAD_CONFIG
+    assert "config error: resources.memory_per_node: a tiered table's cache of 1 rows cannot hold two steps' rows" \
+        in stderr
+
+    # 1 GiB leaves the cache room for all of t0's 2000 rows.
+    parsed = config.TrainerConfig.model_validate(cfg)
+    sized = sizing.with_cache_sizes(parsed, world_size=1, memory_bytes_per_rank=2**30)
+    assert sized.embeddings.tables[0].tier.cache_rows == 2000
+    code, records, stderr = run_trainer(path, **{runtime.ENV_MEMORY_PER_RANK: str(2**30)})
+    assert code == 0, stderr
+    progress = [r for r in records if r["event"] == "progress"]
+    assert progress and progress[-1]["tier_hit_rate"] > 0  # trained through its tier
