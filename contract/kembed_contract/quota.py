@@ -38,6 +38,7 @@ from typing import Annotated, Any
 import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
+from kembed_contract import sizing
 from kembed_contract.spec import MAX_RUN_SECONDS, QUANTITY_PATTERN, Resources, parse_quantity
 from kembed_contract.trainer_config import NumbersOnly
 
@@ -111,6 +112,10 @@ class Dimension:
         if self.stored is Stored.BYTES:
             return f"{value / 2**30:.2f} GiB{self.unit.removeprefix('bytes')}"
         return f"{value:g} {self.unit}"
+
+    def number(self, value: float) -> str:
+        """An amount of it without its unit's words, where they were said nearby: `8`, `1.50 GiB`."""
+        return sizing.in_units(value) if self.stored is Stored.BYTES else f"{value:g}"
 
 
 _Jobs = Annotated[int, Field(ge=0, le=MAX_JOBS), NumbersOnly]

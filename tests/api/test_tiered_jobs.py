@@ -131,8 +131,8 @@ def test_the_tenants_local_disk_quota_admits_tiered_jobs_one_at_a_time_and_refus
     too_big = client.post("/v1/jobs", json=job.with_resources(local_disk_per_node="2Gi").build(),
                           headers=bearer(token))
     assert too_big.status_code == 422
-    assert too_big.json()["detail"].startswith("resources: the job needs ")
-    assert "bytes of local disk but the tenant's quota (quota.local_disk_bytes) is " in too_big.json()["detail"]
+    assert too_big.json()["detail"] == ("resources: the job needs 2.00 GiB of local disk but the tenant's quota "
+                                        "(quota.local_disk) is 1.00 GiB")
     first = _submit(client, job.with_resources(local_disk_per_node=None).build(), headers=bearer(token))
     second = _submit(client, job.build(), headers=bearer(token))
     deadline = time.monotonic() + 10
