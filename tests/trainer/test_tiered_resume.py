@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from kembed_contract import runtime
 from kembed_trainer import dcp_read
 from tests.trainer.conftest import run_trainer, write_config
 from tests.trainer.test_streamed_data import run_recorded
@@ -19,7 +20,9 @@ from tests.trainer.test_tiered import losses, tiered_config
 pytestmark = pytest.mark.slow
 
 STEPS = 20  # saves (every 5, a full checkpoint every 3rd): full 5, delta 10, delta 15, full 20
-KILL_AT = 13  # after the save of step 10, before that of 15: the job resumes from the chain 5 <- 10
+# Killed from step 13 on, once the save of step 10 (a delta) has landed (saves run in the background): the job
+# resumes from the chain 5 <- 10, or 5 <- 10 <- 15 where that save too landed before the kill.
+KILL_FROM, KILL_ONCE_SAVED = 13, 10
 RUN_TIMEOUT_S = 600  # seconds on a quiet machine; the limit only stops a hung run
 
 
@@ -69,9 +72,10 @@ def test_a_tiered_job_killed_mid_run_resumes_to_the_uninterrupted_state(tmp_path
     local = tmp_path / "killed-local"
     local.mkdir()
     config = write_config(tmp_path / "killed.yaml", tiered_config(uri, STEPS))
+    marker = tmp_path / "ckpt" / f"step-{KILL_ONCE_SAVED}" / runtime.CHECKPOINT_MARKER
     code, _, stderr = run_recorded(config, first, tmp_path / "killed-rows", timeout=RUN_TIMEOUT_S,
-                                   KEMBED_LOCAL_DIR=str(local), KEMBED_TEST_KILL_AT=str(KILL_AT),
-                                   KEMBED_TEST_KILL_RANK=str(first - 1))
+                                   KEMBED_LOCAL_DIR=str(local), KEMBED_TEST_KILL_AT=str(KILL_FROM),
+                                   KEMBED_TEST_KILL_WHEN=str(marker), KEMBED_TEST_KILL_RANK=str(first - 1))
     # The last rank killed itself with SIGKILL, mid-run (the launcher exits with the killed rank's code).
     assert code == (-9 if first == 1 else 128 + 9), stderr
     # Its stores were open and written (steps 11-12 trained on them), yet nothing is left: each store's file is
@@ -79,21 +83,22 @@ def test_a_tiered_job_killed_mid_run_resumes_to_the_uninterrupted_state(tmp_path
     assert list(local.iterdir()) == []
 
     resumed = run(tmp_path, "resumed", uri, then)
-    assert resumed[0]["resumed_from"] == f"{uri}/step-10" and resumed[0]["world_size"] == then
-    assert [(r["step"], r["kind"]) for r in resumed if r["event"] == "checkpoint"] == [(15, "delta"), (20, "full")]
+    assert resumed[0]["resumed_from"] in (f"{uri}/step-10", f"{uri}/step-15") and resumed[0]["world_size"] == then
+    resumed_at = int(resumed[0]["resumed_from"].rsplit("-", 1)[1])
+    assert [(r["step"], r["kind"]) for r in resumed if r["event"] == "checkpoint"][-1] == (STEPS, "full")
     if first == then:
         reference = straight_uri
-        assert list(losses(resumed)) == list(range(11, STEPS + 1))
+        assert list(losses(resumed)) == list(range(resumed_at + 1, STEPS + 1))
         assert losses(resumed) == {s: losses(straight)[s] for s in losses(resumed)}  # bit for bit
     else:
         # At another number of ranks each rank trains on other batches, so no run at one size equals a run at
-        # another: the reference is the uninterrupted run's own chain of step 10 resumed at `then` ranks (what a
+        # another: the reference is the uninterrupted run's own chain of that step resumed at `then` ranks (what a
         # planned resize does), which the killed job must equal.
         resized = tmp_path / "resized"
-        for step in (5, 10):
+        for step in range(5, resumed_at + 1, 5):
             shutil.copytree(straight_uri.removeprefix("file://") + f"/step-{step}", resized / f"step-{step}")
         reference = f"file://{resized}"
-        assert run(tmp_path, "reference", reference, then)[0]["resumed_from"] == f"{reference}/step-10"
+        assert run(tmp_path, "reference", reference, then)[0]["resumed_from"] == f"{reference}/step-{resumed_at}"
     want, got = saved_state(f"{reference}/step-{STEPS}"), saved_state(f"{uri}/step-{STEPS}")
     assert sorted(got) == sorted(want) and any(key.endswith(".exp_avg_sq") for key in got)
     for key in want:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -453,6 +454,18 @@ class EmbeddingCollection:
         """Write the tiered tables' changed cached rows to their stores (before a checkpoint reads them)."""
         for g in self.tiered:
             g.flush()
+
+    def snapshot(self) -> Callable[[], None]:
+        """Take a snapshot of the tiered tables' stores (`flush` first) that their fields (`tier_fields`) read
+        while training goes on writing to the stores (copy-on-write: tiered.snapshot); returns its release."""
+        for g in self.tiered:
+            g.begin_snapshot()
+
+        def release() -> None:
+            for g in self.tiered:
+                g.end_snapshot()
+
+        return release
 
     def tier_fields(self) -> dict[str, object]:
         """Every tiered table's fields (`tiered.table.TableField`) by state-dict key (`<table>.<field>`): what a

@@ -303,11 +303,10 @@ class Trainer:
                 sources = _tier_delta(state[delta.DELTA_KEY], tiered, changes, self.env.rank)
                 files = {}  # the row index never changes: the chain's full checkpoint holds it
             self.embeddings.forget_changes()
-            self.checkpointer.save(self.step, state, files, kind=kind, started=started, sources=sources)
+            # A tiered table's save reads its store as it writes, from a copy-on-write snapshot: training goes on.
+            self.checkpointer.save(self.step, state, files, kind=kind, started=started, sources=sources,
+                                   snapshot=self.embeddings.snapshot if tiered else None)
             self._saved_step = self.step
-            # A tiered table's save reads its store as it writes: training waits until it landed (a copy-on-write
-            # snapshot of the stores, so that it need not, is next: docs/tiered-tables.md).
-            wait = wait or bool(tiered)
         if wait:
             self._report_saves(wait=True)
 
