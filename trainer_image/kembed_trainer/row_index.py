@@ -3,11 +3,14 @@
 A checkpoint's `step-N/` holds, besides DCP's files:
 - `tables.json` (rank 0): every table (name, rows, width, features, whether ids are hashed) and, for a model
   kind with a vocabulary, the vocabulary: row i of its tables is the word `vocabulary[i]`.
-- `ids/<table>.rank-<r>.parquet` (each rank, hashed tables of table data only): the distinct raw ids that rank has
-  read, as text, the row each one hashes to and the int64 it hashes from (`feature`, `id`, `row`, `hash`). Several
-  ids may share a row (a hash collision); the union over ranks is every id trained on. Table data is streamed, so
-  a resumed rank starts from the index of the checkpoint it resumed from (`read_raw_ids`).
-Tables whose ids are not hashed need no such file: raw id i is row i.
+- `ids/<table>.rank-<r>.parquet` (each rank, tables with raw ids (hashed or dynamic) of table data only): the
+  distinct raw ids that rank has read, as text, the row each one hashes to and the int64 it hashes from (`feature`,
+  `id`, `row`, `hash`). Several ids may share a row of a hashed table (a hash collision); the union over ranks is
+  every id trained on. Table data is streamed, so a resumed rank starts from the index of the checkpoint it
+  resumed from (`read_raw_ids`). A dynamic table's rows move as ids come and go: its `row` is -1 here, and the
+  int64 id of each row is the table's `ids` field in the checkpoint itself (`kembed_trainer.dynamic`); the text
+  of an id is found here by that int64.
+Tables whose ids are neither hashed nor dynamic need no such file: raw id i is row i.
 """
 
 from __future__ import annotations
@@ -36,9 +39,12 @@ def ids_file(table: str, rank: int) -> str:
 
 
 def rows_meaning(cfg: config.TrainerConfig, table: config.TableConfig) -> str:
-    """`words` (the vocabulary), `hashed_ids` (see the ids files) or `ids` (raw id i is row i)."""
+    """`words` (the vocabulary), `hashed_ids` (see the ids files), `dynamic_ids` (each row's id is the table's
+    `ids` field; their texts in the ids files) or `ids` (raw id i is row i)."""
     if cfg.model.has_vocabulary:
         return "words"
+    if table.dynamic is not None:
+        return "dynamic_ids"
     return "hashed_ids" if table.hash_ids else "ids"
 
 
@@ -67,7 +73,8 @@ def checkpoint_files(cfg: config.TrainerConfig, data: Any, *, rank: int) -> dict
         files[TABLES_FILE] = json.dumps(manifest, ensure_ascii=False).encode()
     raw_ids = data.raw_ids() if hasattr(data, "raw_ids") else {}
     for table in cfg.embeddings.tables:
-        if rows_meaning(cfg, table) != "hashed_ids":
+        meaning = rows_meaning(cfg, table)
+        if meaning not in ("hashed_ids", "dynamic_ids"):
             continue
         features, ids, rows, all_hashes = [], [], [], []
         for feature in table.features:
@@ -76,7 +83,8 @@ def checkpoint_files(cfg: config.TrainerConfig, data: Any, *, rank: int) -> dict
             texts, hashes = raw_ids[feature]
             features += [feature] * len(texts)
             ids += texts
-            rows.append(embedding.hash_rows(torch.from_numpy(hashes), table.num_embeddings).numpy())
+            rows.append(embedding.hash_rows(torch.from_numpy(hashes), table.num_embeddings).numpy()
+                        if meaning == "hashed_ids" else np.full(len(texts), -1, np.int64))
             all_hashes.append(hashes)
         out = io.BytesIO()
         row_array = pa.array(torch.cat([torch.from_numpy(r) for r in rows]).numpy() if rows else [], pa.int64())

@@ -190,7 +190,7 @@ class Trainer:
         fetching = time.perf_counter()
         batch = self._ahead.take(self.step).to(self.env.device)
         data_seconds = time.perf_counter() - fetching
-        pooled = self.embeddings(batch)  # tables stay float32, whatever the dense precision
+        pooled = self.embeddings(batch, step=self.step)  # tables stay float32, whatever the dense precision
         if self.embeddings.prefetches and self.step + 1 < self.total_steps:
             # Tiered tables fetch the next batch's rows from disk while this step trains.
             fetching = time.perf_counter()
@@ -235,7 +235,18 @@ class Trainer:
         result = self.task.evaluate(kdist.gather(scores_t), labels_all)
         if self.evaluator is not None:  # every rank, with or without eval rows of its own (it may gather)
             result.update(self.evaluator.finish(labels_all))
+        result.update(self._dynamic_metrics())
         return result
+
+    def _dynamic_metrics(self) -> dict[str, int]:
+        """Dynamic tables' rows in use, and ids admitted and rows evicted since the last eval, over all ranks."""
+        stats = self.embeddings.dynamic_stats()
+        if not stats:
+            return {}
+        summed = torch.tensor(list(stats.values()), dtype=torch.int64)
+        if self.env.distributed:
+            dist.all_reduce(summed)
+        return {f"dynamic_{name}": int(v) for name, v in zip(stats, summed.tolist(), strict=True)}
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
@@ -262,6 +273,7 @@ class Trainer:
         if step is None:
             return None
         self.embeddings.drop_caches()  # tiered tables: the stores hold the checkpoint's rows now
+        self.embeddings.after_restore()  # dynamic tables: their maps, and ids moved to their owners
         if "data" in state:
             self._ahead.forget()
             self.data.load_state_dict(state["data"])

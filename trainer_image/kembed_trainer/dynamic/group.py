@@ -1,0 +1,238 @@
+"""A group of dynamic tables: row-wise sharded tables of `capacity + 1` rows whose rows are handed to raw ids as
+they come (`index.DynamicIndex`, one per table and rank), the last row shared by ids without a row of their own.
+
+To `embedding.EmbeddingCollection` the group is a group of row-wise sharded in-memory tables; only `rows_of`
+differs: instead of an id being its row (or its hash bucket), each id is sent to the rank that owns it
+(`index.owner_of`), which finds, admits or evicts and answers with the id's row in the table. From there the
+lookup, the gradients and every sparse optimizer run as for any sharded table. A row given to a new id starts
+afresh: its vector drawn from the id itself (`initial_vectors`: the same at any world size and whichever row it
+lands in) and its optimizer state zero.
+
+Checkpoints hold the index as per-row fields beside the table's own (`<table>.ids`, `.use_count`, `.last_used`)
+and, where admission counts, two side tables of their own row spaces (`<table>-pending.*`: ids waiting for
+admission; `<table>-bloom.counters`: the filter, by bucket), all sharded `Shard(0)` so DCP reshards them and
+deltas carry their changed rows. A restore at another world size leaves some ids on a rank that no longer owns
+them: `after_restore` moves them (rows with their vectors and state) to their owners.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from kembed_contract import trainer_config as config
+from kembed_trainer import embedding, hugepages
+from kembed_trainer.data import rows as data_rows
+from kembed_trainer.dynamic import index as dyn_index
+
+__all__ = ["DynamicGroup", "initial_vectors"]
+
+
+def initial_vectors(ids: np.ndarray, dim: int, bound: float, *, seed: int, table: int) -> torch.Tensor:
+    """Each id's starting vector, U(-bound, bound) drawn from (seed, table, id) alone: an id starts the same
+    whichever rank and row it gets, at any world size, and again after an eviction."""
+    salt = np.uint64(data_rows.hash_string(f"dynamic:{seed}:{table}"))
+    with np.errstate(over="ignore"):
+        keys = ids.astype(np.uint64)[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)[None, :]
+        u = data_rows.unit_hash(keys ^ salt)
+    return torch.from_numpy(((2 * u - 1) * bound).astype(np.float32))
+
+
+class DynamicGroup(embedding.Group):
+    def __init__(self, tables: list[config.TableConfig], *, device: torch.device, seed: int, table_ids: list[int],
+                 rank: int, world_size: int) -> None:
+        if device.type != "cpu":
+            raise ValueError("dynamic tables train on CPU for now (their index is host memory)")
+        super().__init__(tables, [True] * len(tables), device=device, gen=None, seed=seed, table_ids=table_ids,
+                         rank=rank, world_size=world_size, hold_shard=False, counts_admission=False)
+        self.shard = hugepages.zeros(self.layout.num_local_rows, self.dim, device=device)
+        self.shard_changed = torch.zeros(self.shard.shape[0], dtype=torch.bool)
+        self.seed, self.table_ids, self.rank, self.world_size = seed, table_ids, rank, world_size
+        self.num_buckets_here = max(0, min(dyn_index.buckets_per_rank(world_size),
+                                           dyn_index.NUM_BUCKETS - rank * dyn_index.buckets_per_rank(world_size)))
+        self.fields_of: list[dict[str, torch.Tensor]] = []  # per table: the index's per-row tensors
+        self.sides: list[dict[str, embedding.SideTable]] = []
+        self.indexes: list[dyn_index.DynamicIndex] = []
+        for i, t in enumerate(tables):
+            self._add_index(i, t)
+
+    def _add_index(self, i: int, t: config.TableConfig) -> None:
+        assert t.dynamic is not None
+        piece = self.layout.local_slice(i)
+        n = piece.stop - piece.start
+        lo = self.layout.table_lo(i)
+        row_ids = torch.full((n,), dyn_index.EMPTY, dtype=torch.int64)
+        shared = t.num_embeddings - 1 - lo  # the table's last row: ids without a row of their own
+        if 0 <= shared < n:
+            row_ids[shared] = dyn_index.SHARED
+            self.shard[piece.start + shared] = initial_vectors(
+                np.array([dyn_index.SHARED]), self.dim, embedding._bound(t), seed=self.seed, table=self.table_ids[i])[0]
+        fields = {"ids": row_ids, "use_count": torch.zeros(n, dtype=torch.int32),
+                  "last_used": torch.zeros(n, dtype=torch.int32)}
+        arrays = {"row_ids": row_ids.numpy(), "use_count": fields["use_count"].numpy(),
+                  "last_used": fields["last_used"].numpy(), "changed": self.shard_changed[piece].numpy()}
+        sides: dict[str, embedding.SideTable] = {}
+        if t.admit_after and t.dynamic.admission == "counter":
+            pending = {"ids": torch.full((n,), dyn_index.EMPTY, dtype=torch.int64),
+                       "count": torch.zeros(n, dtype=torch.int32), "last": torch.zeros(n, dtype=torch.int32)}
+            changed = torch.zeros(n, dtype=torch.bool)
+            sides["pending"] = embedding.SideTable(pending, t.num_embeddings, lo, changed)
+            arrays |= {"pending_ids": pending["ids"].numpy(), "pending_count": pending["count"].numpy(),
+                       "pending_last": pending["last"].numpy(), "pending_changed": changed.numpy()}
+        elif t.admit_after:
+            block = -(-t.dynamic.bloom_counters // dyn_index.NUM_BUCKETS)
+            counters = torch.zeros(self.num_buckets_here, block, dtype=torch.uint8)
+            changed = torch.zeros(self.num_buckets_here, dtype=torch.bool)
+            first = self.rank * dyn_index.buckets_per_rank(self.world_size)
+            sides["bloom"] = embedding.SideTable({"counters": counters}, dyn_index.NUM_BUCKETS, first, changed)
+            arrays |= {"bloom": counters.numpy(), "bloom_changed": changed.numpy()}
+        self.fields_of.append(fields)
+        self.sides.append(sides)
+        self.indexes.append(dyn_index.DynamicIndex(t, arrays=arrays, rank=self.rank, world_size=self.world_size))
+
+    # ------------------------------------------------------------------------------------------- lookups
+    def rows_of(self, ids: list[torch.Tensor], step: int | None = None) -> torch.Tensor:
+        """Group rows of each feature's raw ids, from their owners' indexes. In training (gradients on and a
+        `step`), owners count, admit and evict; otherwise (evaluation, a prefetch) they only look up."""
+        training = step is not None and torch.is_grad_enabled()
+        table = torch.cat([torch.full((v.numel(),), self.feature_table[f], dtype=torch.int64)
+                           for f, v in enumerate(ids)]) if ids else torch.empty(0, dtype=torch.int64)
+        flat = torch.cat(ids) if ids else torch.empty(0, dtype=torch.int64)
+        if self.world_size == 1:
+            rows = self._answer(table.numpy(), flat.numpy(), step if training else None)
+        else:
+            rows = self._ask_owners(table, flat, step if training else None)
+        return torch.from_numpy(rows) + self.table_starts[table]
+
+    def _ask_owners(self, table: torch.Tensor, ids: torch.Tensor, step: int | None) -> np.ndarray:
+        owner = dyn_index.owner_of(ids.numpy(), self.world_size)
+        order = np.argsort(owner, kind="stable")
+        send = torch.from_numpy(np.bincount(owner, minlength=self.world_size))
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send)
+        send_counts, recv_counts = send.tolist(), recv.tolist()
+        asked = torch.empty(sum(recv_counts), 2, dtype=torch.int64)
+        question = torch.stack([table, ids], 1)[torch.from_numpy(order)]
+        dist.all_to_all_single(asked, question, recv_counts, send_counts)
+        answer = torch.from_numpy(self._answer(asked[:, 0].numpy(), asked[:, 1].numpy(), step))
+        back = torch.empty(ids.numel(), dtype=torch.int64)
+        dist.all_to_all_single(back, answer, send_counts, recv_counts)
+        rows = np.empty(ids.numel(), np.int64)
+        rows[order] = back.numpy()
+        return rows
+
+    def _answer(self, table: np.ndarray, ids: np.ndarray, step: int | None) -> np.ndarray:
+        """Rows (of their tables) for ids this rank owns; `step`: a training step's lookup (else read only)."""
+        out = np.empty(ids.shape[0], np.int64)
+        for i, t in enumerate(self.tables):
+            chosen = table == i
+            if not chosen.any():
+                if step is not None:  # no id of it this step: its time to live still runs
+                    self.indexes[i].resolve(np.empty(0, np.int64), step)
+                continue
+            distinct, where = np.unique(ids[chosen], return_inverse=True)
+            if (distinct[:1] <= dyn_index.SHARED).any():
+                raise ValueError(f"table {t.name!r}: ids -2**63 and -2**63 + 1 are reserved by dynamic tables")
+            if step is None:
+                local = self.indexes[i].find(distinct)
+            else:
+                local, new_rows = self.indexes[i].resolve(distinct, step)
+                self._start_afresh(i, new_rows)
+            rows = np.where(local >= 0, local + self.layout.table_lo(i), t.num_embeddings - 1)
+            out[chosen] = rows[where.reshape(-1)]
+        return out
+
+    def _start_afresh(self, i: int, local_rows: np.ndarray) -> None:
+        """New ids' rows: their starting vectors and zero optimizer state."""
+        if not local_rows.shape[0]:
+            return
+        at = torch.from_numpy(local_rows + self.layout.local_slice(i).start)
+        ids = self.indexes[i].row_ids[local_rows]
+        self.shard.index_copy_(0, at, initial_vectors(ids, self.dim, embedding._bound(self.tables[i]),
+                                                      seed=self.seed, table=self.table_ids[i]))
+        for s in self.shard_state.values():
+            s.index_fill_(0, at, 0.0)
+
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def extra_fields(self, i: int) -> dict[str, torch.Tensor]:
+        return self.fields_of[i]
+
+    def side_tables(self, i: int) -> dict[str, embedding.SideTable]:
+        return self.sides[i]
+
+    def after_restore(self) -> None:
+        """The maps from the loaded per-row fields; at another world size than the checkpoint's, ids this rank
+        no longer owns go to their owners, with their vectors and optimizer state (a collective)."""
+        for index in self.indexes:
+            index.rebuild()
+        if self.world_size == 1:
+            return
+        for i, index in enumerate(self.indexes):
+            self._send_strays(i, index)
+
+    def _send_strays(self, i: int, index: dyn_index.DynamicIndex) -> None:
+        rows, slots = index.strays()
+        lo = self.layout.local_slice(i).start
+        at = torch.from_numpy(rows + lo)
+        states = list(self.shard_state.values())
+        floats = torch.cat([self.shard.index_select(0, at),
+                            *[s.index_select(0, at).reshape(rows.shape[0], -1) for s in states]], 1)
+        ints = torch.from_numpy(np.stack([index.row_ids[rows], index.use_count[rows].astype(np.int64),
+                                          index.last_used[rows].astype(np.int64)], 1))
+        waiting = torch.from_numpy(np.stack([index.pending_ids[slots], index.pending_count[slots].astype(np.int64),
+                                             index.pending_last[slots].astype(np.int64)], 1))
+        index.release(rows, slots)
+        index.rebuild()
+        got_ints, got_floats = _to_owners(ints, floats, self.world_size)
+        got_waiting, _ = _to_owners(waiting, torch.empty(waiting.shape[0], 0), self.world_size)
+        order = np.argsort(got_ints[:, 0].numpy(), kind="stable")
+        got_ints, got_floats = got_ints[torch.from_numpy(order)], got_floats[torch.from_numpy(order)]
+        placed = index.take_in(got_ints[:, 0].numpy().copy(), got_ints[:, 1].numpy().astype(np.int32),
+                               got_ints[:, 2].numpy().astype(np.int32))
+        kept = placed >= 0
+        at = torch.from_numpy(placed[kept] + lo)
+        got_floats = got_floats[torch.from_numpy(kept)]
+        self.shard.index_copy_(0, at, got_floats[:, : self.dim].contiguous())
+        first = self.dim
+        for s in states:
+            width = s[0].numel()
+            s.index_copy_(0, at, got_floats[:, first:first + width].reshape(-1, *s.shape[1:]).contiguous())
+            first += width
+        if got_waiting.shape[0]:
+            order = np.argsort(got_waiting[:, 0].numpy(), kind="stable")
+            got_waiting = got_waiting[torch.from_numpy(order)].numpy()
+            index.take_in_waiting(got_waiting[:, 0].copy(), got_waiting[:, 1].astype(np.int32),
+                                  got_waiting[:, 2].astype(np.int32))
+
+    # ------------------------------------------------------------------------------------------- metrics
+    def take_dynamic_stats(self) -> dyn_index.Stats:
+        total = dyn_index.Stats()
+        for index in self.indexes:
+            total.add(index.take_stats())
+        return total
+
+    @property
+    def rows_in_use(self) -> int:
+        return sum(index.rows_in_use for index in self.indexes)
+
+    @property
+    def extra_bytes(self) -> int:
+        """The index's memory: per-row fields, the maps, the admission's counters."""
+        return sum(index.nbytes for index in self.indexes)
+
+
+def _to_owners(ints: torch.Tensor, floats: torch.Tensor, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Send each entry (its id first in `ints`) to the rank that owns the id: the entries this rank got."""
+    owner = dyn_index.owner_of(ints[:, 0].numpy(), world_size) if ints.shape[0] else np.empty(0, np.int64)
+    order = torch.from_numpy(np.argsort(owner, kind="stable"))
+    send = torch.from_numpy(np.bincount(owner, minlength=world_size).astype(np.int64))
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send)
+    send_counts, recv_counts = send.tolist(), recv.tolist()
+    out_ints = torch.empty(sum(recv_counts), ints.shape[1], dtype=ints.dtype)
+    dist.all_to_all_single(out_ints, ints[order].contiguous(), recv_counts, send_counts)
+    out_floats = torch.empty(sum(recv_counts), floats.shape[1], dtype=floats.dtype)
+    if floats.shape[1]:
+        dist.all_to_all_single(out_floats, floats[order].contiguous(), recv_counts, send_counts)
+    return out_ints, out_floats

@@ -1,0 +1,25 @@
+"""`dynamic` tables' trainer half: raw ids get rows of their own as they come (`kembed_trainer.dynamic`). Its
+contract half: `kembed_contract.kinds.tables.dynamic`."""
+
+from __future__ import annotations
+
+import torch
+
+from kembed_contract import trainer_config as config
+from kembed_trainer.tables.base import TableStorage
+
+__all__ = ["KIND", "Dynamic"]
+
+
+class Dynamic(TableStorage):
+    def group(self, tables: list[config.TableConfig], sharded: list[bool], *, device: torch.device,
+              gen: torch.Generator, seed: int, table_ids: list[int], optimizer: str, rank: int, world_size: int):
+        from kembed_trainer.dynamic import group  # numba only where it is used: other jobs start faster
+
+        if any(t.tier is not None for t in tables):
+            raise ValueError(f"table {tables[0].name!r}: a dynamic table cannot be tiered yet")
+        return group.DynamicGroup(tables, device=device, seed=seed, table_ids=table_ids, rank=rank,
+                                  world_size=world_size)
+
+
+KIND = Dynamic()
