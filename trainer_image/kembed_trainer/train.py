@@ -246,7 +246,9 @@ class Trainer:
         summed = torch.tensor(list(stats.values()), dtype=torch.int64)
         if self.env.distributed:
             dist.all_reduce(summed)
-        return {f"dynamic_{name}": int(v) for name, v in zip(stats, summed.tolist(), strict=True)}
+        out = {f"dynamic_{name}": int(v) for name, v in zip(stats, summed.tolist(), strict=True)}
+        assert out.keys() == runtime.DYNAMIC_TABLE_METRICS.keys(), "the contract names what eval records say"
+        return out
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:

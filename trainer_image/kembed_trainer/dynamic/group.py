@@ -177,7 +177,7 @@ class DynamicGroup(embedding.Group):
         at = torch.from_numpy(rows + lo)
         states = list(self.shard_state.values())
         floats = torch.cat([self.shard.index_select(0, at),
-                            *[s.index_select(0, at).reshape(rows.shape[0], -1) for s in states]], 1)
+                            *[_as_columns(s.index_select(0, at)) for s in states]], 1)
         ints = torch.from_numpy(np.stack([index.row_ids[rows], index.use_count[rows].astype(np.int64),
                                           index.last_used[rows].astype(np.int64)], 1))
         waiting = torch.from_numpy(np.stack([index.pending_ids[slots], index.pending_count[slots].astype(np.int64),
@@ -196,7 +196,7 @@ class DynamicGroup(embedding.Group):
         self.shard.index_copy_(0, at, got_floats[:, : self.dim].contiguous())
         first = self.dim
         for s in states:
-            width = s[0].numel()
+            width = int(np.prod(s.shape[1:]))
             s.index_copy_(0, at, got_floats[:, first:first + width].reshape(-1, *s.shape[1:]).contiguous())
             first += width
         if got_waiting.shape[0]:
@@ -220,6 +220,11 @@ class DynamicGroup(embedding.Group):
     def extra_bytes(self) -> int:
         """The index's memory: per-row fields, the maps, the admission's counters."""
         return sum(index.nbytes for index in self.indexes)
+
+
+def _as_columns(rows: torch.Tensor) -> torch.Tensor:
+    """Rows of a field as a matrix (a 1-d field's: one column)."""
+    return rows if rows.dim() == 2 else rows.unsqueeze(1)
 
 
 def _to_owners(ints: torch.Tensor, floats: torch.Tensor, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
