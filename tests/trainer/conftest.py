@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kembed_contract import runtime
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "trainer_image" / "examples"
 
@@ -82,6 +84,13 @@ def run_trainer(config_path: pathlib.Path, nproc: int = 1, timeout: float = 120,
         cwd=REPO,
     )
     return proc.returncode, records(proc.stdout), proc.stderr
+
+
+def run_trainer_to_its_reason(config_path: pathlib.Path, nproc: int = 1, **env: str) -> tuple[int, str, str]:
+    """Run the trainer and return its exit code, the reason it wrote to its termination log, and its stderr."""
+    termination_log = config_path.with_name(f"{config_path.stem}.termination-log")
+    code, _, stderr = run_trainer(config_path, nproc, **{runtime.ENV_TERMINATION_LOG: str(termination_log)}, **env)
+    return code, termination_log.read_text() if termination_log.exists() else "", stderr
 
 
 @pytest.fixture

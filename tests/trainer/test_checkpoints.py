@@ -20,7 +20,14 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from kembed_contract import trainer_config as config
 from kembed_trainer import checkpoint, dist, report, train
-from tests.trainer.conftest import REPO, run_trainer, tiny_config, trainer_env, write_config
+from tests.trainer.conftest import (
+    REPO,
+    run_trainer,
+    run_trainer_to_its_reason,
+    tiny_config,
+    trainer_env,
+    write_config,
+)
 
 
 def progress_losses(recs: list[dict]) -> dict[int, float]:
@@ -252,11 +259,9 @@ def test_a_save_past_the_storage_budget_is_dropped_and_keep_k_counts(tmp_path):
 
     capped = tiny_config(checkpoint={"uri": f"file://{tmp_path}/capped", "every_steps": 1, "keep": 100},
                          training={"steps": 10})
-    reason = tmp_path / "termination-log"
-    code, recs, stderr = run_trainer(write_config(tmp_path / "capped.yaml", capped),
-                                     **{runtime.ENV_STORAGE_BUDGET: budget, runtime.ENV_TERMINATION_LOG: str(reason)})
+    code, message, stderr = run_trainer_to_its_reason(write_config(tmp_path / "capped.yaml", capped),
+                                                      **{runtime.ENV_STORAGE_BUDGET: budget})
     assert code == runtime.EXIT_STORAGE_QUOTA, stderr
-    message = reason.read_text()
     assert "checkpoint step 3 not saved" in message and f"over the {budget} bytes" in message
     assert sorted(p.name for p in (tmp_path / "capped").iterdir()) == ["step-1", "step-2"]  # step 3's files gone
     for step in (1, 2):

@@ -17,7 +17,7 @@ from kembed_contract import trainer_config as config
 from kembed_trainer import embedding
 from kembed_trainer.data.batch import Batch
 from kembed_trainer.data.synthetic import SyntheticData
-from tests.trainer.conftest import run_trainer, tiny_config, write_config
+from tests.trainer.conftest import run_trainer, run_trainer_to_its_reason, tiny_config, write_config
 
 TWO_TOWER_TABLES = [
     {"name": "users", "num_embeddings": 2000, "embedding_dim": 9, "features": ["user"]},
@@ -155,12 +155,8 @@ def test_integer_ids_out_of_range_are_bad_input_with_the_reason_in_the_terminati
     pq.write_table(synthetic_rows(1000), tmp_path / "rows.parquet")
     cfg = table_config(str(tmp_path / "rows.parquet"), ckpt_uri)
     cfg["embeddings"]["tables"][2]["num_embeddings"] = 100  # item ids go up to 999
-    termination_log = tmp_path / "termination-log"
-    code, _, stderr = run_trainer(
-        write_config(tmp_path / "c.yaml", cfg), nproc=nproc, **{runtime.ENV_TERMINATION_LOG: str(termination_log)}
-    )
+    code, reason, stderr = run_trainer_to_its_reason(write_config(tmp_path / "c.yaml", cfg), nproc=nproc)
     assert code == runtime.EXIT_BAD_CONFIG, stderr  # under the launcher too: the rank's code, not torchrun's 1
-    reason = termination_log.read_text()
     assert re.fullmatch(r"data error: feature 'item': ids \d+\.\.\d+ outside \[0, 100\); set hash_ids on its table.*", reason)
     assert "set hash_ids on its table" in reason and "\n" not in reason.strip()
 

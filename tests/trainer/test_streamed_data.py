@@ -19,7 +19,14 @@ from kembed_contract import trainer_config as config
 from kembed_trainer.data import plan
 from kembed_trainer.data.table import TableData
 from kembed_trainer.storage import Guard
-from tests.trainer.conftest import REPO, records, tiny_config, trainer_env, write_config
+from tests.trainer.conftest import (
+    REPO,
+    records,
+    run_trainer_to_its_reason,
+    tiny_config,
+    trainer_env,
+    write_config,
+)
 
 RECORDER = REPO / "tests" / "trainer" / "rows_recorder.py"
 
@@ -196,13 +203,8 @@ def test_bad_data_fails_naming_the_file_the_row_group_and_the_column(tmp_path):
     bad = rows.set_column(rows.column_names.index("price"), "price", pa.array(["x"] * 600))
     pq.write_table(bad, tmp_path / "rows" / "part-1.parquet", row_group_size=150)
     cfg = rows_config(tmp_path / "rows", f"file://{tmp_path}/ckpt")
-    termination_log = tmp_path / "termination-log"
-    proc = subprocess.run(  # noqa: PLW1510
-        [sys.executable, "-m", "kembed_trainer", "--config", str(write_config(tmp_path / "c.yaml", cfg))],
-        env=trainer_env(**{runtime.ENV_TERMINATION_LOG: str(termination_log)}), capture_output=True, text=True,
-        timeout=120, cwd=REPO)
-    assert proc.returncode == runtime.EXIT_BAD_CONFIG, proc.stderr
-    reason = termination_log.read_text()
+    code, reason, stderr = run_trainer_to_its_reason(write_config(tmp_path / "c.yaml", cfg))
+    assert code == runtime.EXIT_BAD_CONFIG, stderr
     assert "data.dense.0: column 'price' holds values that are not numbers in file://" in reason
     assert "part-1.parquet row group " in reason and "x" not in reason.split("not numbers")[1].replace("row", "")
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import collections
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,7 +15,7 @@ from kembed_contract import trainer_config as config
 from kembed_trainer.data import text
 from kembed_trainer.data.rows import unit_hash
 from kembed_trainer.storage import Guard
-from tests.trainer.conftest import REPO, tiny_config, trainer_env, write_config
+from tests.trainer.conftest import run_trainer_to_its_reason, tiny_config, write_config
 from tests.trainer.test_streamed_data import epochs_of, recorded, run_recorded
 
 WORDS = [f"w{i:02d}" for i in range(60)]
@@ -186,15 +184,10 @@ def test_text_that_is_not_utf8_fails_naming_the_file_and_line_not_the_bytes(tmp_
     (tmp_path / "corpus" / "a.txt").write_text("\n".join(" ".join(WORDS[i : i + 5]) for i in range(50)) + "\n")
     (tmp_path / "corpus" / "b.txt").write_bytes(b"w01 w02 w03\nw04 w05\nSECRET w06 \xff\xfe w07\nw08 w09\n")
     cfg = w2v_config(tmp_path / "corpus", f"file://{tmp_path}/ckpt")
-    termination_log = tmp_path / "termination-log"
-    proc = subprocess.run(  # noqa: PLW1510
-        [sys.executable, "-m", "kembed_trainer", "--config", str(write_config(tmp_path / "c.yaml", cfg))],
-        env=trainer_env(**{runtime.ENV_TERMINATION_LOG: str(termination_log)}), capture_output=True, text=True,
-        timeout=120, cwd=REPO)
-    assert proc.returncode == runtime.EXIT_BAD_CONFIG, proc.stderr
-    reason = termination_log.read_text()
+    code, reason, stderr = run_trainer_to_its_reason(write_config(tmp_path / "c.yaml", cfg))
+    assert code == runtime.EXIT_BAD_CONFIG, stderr
     assert reason == f"data error: data.uri: file://{tmp_path.resolve()}/corpus/b.txt line 3 is not UTF-8 text"
-    assert "SECRET" not in proc.stderr
+    assert "SECRET" not in stderr
 
 
 # ----------------------------------------------------------------------------------------------- the trainer

@@ -20,7 +20,7 @@ import torch
 
 from kembed_trainer.data import plan, prefetch, rows
 
-__all__ = ["Stream", "UnitRows"]
+__all__ = ["Stream", "StreamedData", "UnitRows"]
 
 _PREFETCH_WINDOWS = 1  # windows queued ahead, besides the one being read and the one being trained on
 _ORDER, _WINDOW = 12, 13  # seed streams of the unit order and the window permutations
@@ -176,3 +176,29 @@ class _Windows:
             self._unit = None
             self._unit = (index, self.units.read(index))
         return self._unit[1]
+
+
+class StreamedData:
+    """What every streamed data kind answers through its `stream`: its sizes, its checkpointed position, and the
+    closing of its reader thread. A kind sets `self.stream` and adds how it turns taken rows into batches."""
+
+    stream: Stream
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps of one epoch at this world size (`Stream.steps_per_epoch`)."""
+        return self.stream.steps_per_epoch
+
+    def total_steps(self, epochs: int, step: int) -> int:
+        """The step at which `epochs` epochs end, seen from `step` (a resume at another world size changes it)."""
+        return self.stream.total_steps(epochs, step)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.stream.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """The position a checkpoint saved; the next step's rows continue from it."""
+        self.stream.load_state_dict(state)
+
+    def close(self) -> None:
+        self.stream.close()

@@ -17,7 +17,6 @@ import threading
 from collections.abc import Iterator
 
 import numpy as np
-import torch
 
 from kembed_contract import trainer_config as config
 from kembed_trainer.data import prefetch, rows, stream, units
@@ -30,7 +29,7 @@ __all__ = ["TableData", "build", "hash_string"]
 _EVAL_CHUNK = 2048
 
 
-class TableData:
+class TableData(stream.StreamedData):
     def __init__(
         self,
         cfg: config.TableDataConfig,
@@ -62,15 +61,6 @@ class TableData:
         self._raw_ids: dict[str, dict[int, str]] = {}
 
     # ------------------------------------------------------------------------------------------- sizes
-    @property
-    def steps_per_epoch(self) -> int:
-        """Steps of one epoch at this world size (`stream.Stream.steps_per_epoch`)."""
-        return self.stream.steps_per_epoch
-
-    def total_steps(self, epochs: int, step: int) -> int:
-        """The step at which `epochs` epochs end, seen from `step` (a resume at another world size changes it)."""
-        return self.stream.total_steps(epochs, step)
-
     def counts(self) -> dict[str, int]:
         """This rank's share of the data set's size (summed over ranks for the report)."""
         w, r = self.world_size, self.rank
@@ -114,17 +104,6 @@ class TableData:
                 for feature, (texts, hashes) in raw.items():
                     self._raw_ids.setdefault(feature, {}).update(zip(hashes.tolist(), texts, strict=True))
         return converted
-
-    # ------------------------------------------------------------------------------------------- checkpoint
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return self.stream.state_dict()
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """The position a checkpoint saved; the next `train_batch(step)` continues from it."""
-        self.stream.load_state_dict(state)
-
-    def close(self) -> None:
-        self.stream.close()
 
     # ------------------------------------------------------------------------------------------- eval
     def eval_batches(self) -> Iterator[Batch]:

@@ -200,7 +200,7 @@ class _Corpus:
         self.end = torch.repeat_interleave(ends, lengths)
 
 
-class TextData:
+class TextData(stream.StreamedData):
     def __init__(
         self,
         cfg: config.TextDataConfig,
@@ -284,15 +284,6 @@ class TextData:
         return _Corpus(kept)
 
     # ------------------------------------------------------------------------------------------- sizes
-    @property
-    def steps_per_epoch(self) -> int:
-        """Steps of one epoch at this world size (`stream.Stream.steps_per_epoch`)."""
-        return self.stream.steps_per_epoch
-
-    def total_steps(self, epochs: int, step: int) -> int:
-        """The step at which `epochs` epochs end, seen from `step` (a resume at another world size changes it)."""
-        return self.stream.total_steps(epochs, step)
-
     def counts(self) -> dict[str, int]:
         """This rank's share of the corpus's size (summed over ranks for the report)."""
         w, r = self.world_size, self.rank
@@ -331,17 +322,6 @@ class TextData:
         n = len(kept)
         return rows.Rows(np.zeros((n, 0), np.float32), np.zeros(n, np.float32),
                          [np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)], [ids[keep]])
-
-    # ------------------------------------------------------------------------------------------- checkpoint
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return self.stream.state_dict()
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """The position a checkpoint saved; the next `train_sentences(step)` continues from it."""
-        self.stream.load_state_dict(state)
-
-    def close(self) -> None:
-        self.stream.close()
 
     # ------------------------------------------------------------------------------------------- eval
     def eval_batches(self):
