@@ -11,6 +11,7 @@ from kembed_contract import kinds
 from kembed_contract import trainer_config as config
 from kembed_trainer import embedding
 from kembed_trainer.data.batch import Batch
+from kembed_trainer.data.rows import hash_string
 from kembed_trainer.dynamic import group as dyn_group
 from kembed_trainer.dynamic import index as dyn_index
 from tests.trainer.conftest import run_trainer, tiny_config, write_config
@@ -267,3 +268,49 @@ def test_a_dynamic_chain_loads_on_another_number_of_ranks(tmp_path, first, then)
     assert evals[-1]["auc"] == pytest.approx(evals[-2]["auc"], rel=1e-5)
     assert evals[-1]["dynamic_rows_in_use"] == evals[-2]["dynamic_rows_in_use"] > 150
     assert evals[-1]["dynamic_evicted_capacity"] == 0
+
+
+# ------------------------------------------------------------------------------------------------ export
+def test_an_export_writes_the_raw_id_beside_each_vector(tmp_path):
+    """String ids from a file: the parquet export of a dynamic table (read through its chain, full then deltas)
+    holds one entry per row that holds an id, with the id's text and that row's vector."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kembed_trainer import export
+
+    rng = np.random.default_rng(0)
+    users = np.array([f"user-{i:03d}" for i in range(120)])
+    picked = users[rng.zipf(1.3, 3000) % 120]
+    (tmp_path / "rows").mkdir()
+    pq.write_table(pa.table({"user": picked, "label": (rng.random(3000) < 0.5).astype(np.int64),
+                             "price": rng.normal(size=3000)}), tmp_path / "rows" / "part-0.parquet")
+    uri = f"file://{tmp_path}/ckpt"
+    cfg = tiny_config(
+        model={"kind": "dlrm", "bottom_mlp": [8], "top_mlp": [8]},
+        embeddings={"tables": [{"name": "users", "embedding_dim": 8, "features": ["user"],
+                                "dynamic": {"capacity": 80}}]},
+        data={"kind": "table", "uri": str(tmp_path / "rows"), "label": "label", "dense": ["price"],
+              "sparse": {"user": "user"}, "shuffle_buffer": 400},
+        training={"steps": 30, "batch_size": 50, "log_every": 10},
+        checkpoint={"uri": uri, "every_steps": 10, **{k: v for k, v in CHAIN.items() if k != "every_steps"}})
+    code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg))
+    assert code == 0, stderr
+    assert [r["kind"] for r in recs if r["event"] == "checkpoint"] == ["full", "delta", "delta"]
+    out = tmp_path / "users.parquet"
+    with out.open("wb") as f:
+        export.write(export.read_table(f"{uri}/step-30", "users"), "parquet", f)
+    exported = pq.read_table(out)
+    assert exported.num_rows == 80  # the table is full: every row holds an id
+    assert set(exported["id"].to_pylist()) <= set(users) and len(set(exported["id"].to_pylist())) == 80
+    assert set(exported["feature"].to_pylist()) == {"user"}
+    # Each vector is its row's in the checkpoint, and the row holds that id's 63-bit hash.
+    chain = export.chain_uris(f"{uri}/step-30")
+    weight = export._load_field(chain[0], "users", "weight", torch.float32)
+    ids = export._load_field(chain[0], "users", "ids", torch.int64)
+    for later in chain[1:]:
+        export._apply_delta(later, "users", "weight", weight)
+        export._apply_delta(later, "users", "ids", ids)
+    rows = exported["row"].to_numpy()
+    np.testing.assert_array_equal(ids[rows], [hash_string(u) for u in exported["id"].to_pylist()])
+    np.testing.assert_array_equal(np.stack(exported["vector"].to_numpy(zero_copy_only=False)), weight[rows])

@@ -8,8 +8,9 @@ changed rows on it, in order.
 
 Formats (`FORMATS`):
 - `parquet`: one row per word or id: `token` (a vocabulary's words), `id` (int64, plain tables) or `feature`,
-  `id` (text) and `row` (hashed tables, one row per raw id seen in training), then `vector` (fixed-size list of
-  float32).
+  `id` (text) and `row` (hashed tables: one row per raw id seen in training; dynamic tables: one per row that
+  holds an id, the raw id beside its vector, its text from the id index where the data had text, `feature`
+  empty where the index has no entry for it), then `vector` (fixed-size list of float32).
 - `numpy`: a `.npy` matrix, row i = table row i (the vocabulary's rows for a model with a vocabulary).
 - those a model kind adds (`kembed_contract.kinds.EXPORT_FORMATS`), written by its trainer half's `writers`, for
   any job's tables.
@@ -29,7 +30,7 @@ import pyarrow.parquet as pq
 import torch
 
 from kembed_contract import kinds, runtime
-from kembed_trainer import dcp_read, delta, embedding, row_index
+from kembed_trainer import dcp_read, delta, dynamic, embedding, row_index
 from kembed_trainer import kinds as trainer_kinds
 from kembed_trainer.data.table import hash_string
 
@@ -48,7 +49,7 @@ class TableRows:
     """One table's vectors and what its rows stand for."""
 
     name: str
-    meaning: str  # words | ids | hashed_ids (row_index.rows_meaning)
+    meaning: str  # words | ids | hashed_ids | dynamic_ids (row_index.rows_meaning)
     vectors: np.ndarray  # [rows, dim] float32: the vocabulary's rows for words, else every row
     keys: list[str]  # one per entry: the word, the id, or the raw id (hashed)
     rows: np.ndarray  # the row of each key
@@ -104,9 +105,9 @@ def read_table(step_uri: str, table: str | None = None) -> TableRows:
     spec = next((t for t in manifest["tables"] if t["name"] == name), None)
     if spec is None:
         raise ExportError(f"table: not in this checkpoint (its tables: {[t['name'] for t in manifest['tables']]})")
-    vectors = _load_weight(step_uri, name)
+    vectors = _load_field(step_uri, name, "weight", torch.float32)
     for delta_uri in chain[1:]:
-        _apply_delta(delta_uri, name, vectors)
+        _apply_delta(delta_uri, name, "weight", vectors)
     meaning = spec["rows"]
     features = None
     if meaning == "words":
@@ -116,36 +117,58 @@ def read_table(step_uri: str, table: str | None = None) -> TableRows:
     elif meaning == "ids":
         keys = [str(i) for i in range(vectors.shape[0])]
         rows = np.arange(vectors.shape[0])
+    elif meaning == "dynamic_ids":
+        keys, rows, features = _dynamic_keys(chain, name)
     else:
         ids = _read_ids(step_uri, name)
         keys, rows, features = ids["id"].to_pylist(), ids["row"].to_numpy(), ids["feature"].to_pylist()
     return TableRows(name, meaning, vectors, keys, rows, features, bool(manifest.get("bias_column")))
 
 
-def _load_weight(step_uri: str, table: str) -> np.ndarray:
+def _load_field(step_uri: str, table: str, field: str, dtype: torch.dtype) -> np.ndarray:
+    """Every row of one field of `table` (its weight, a dynamic table's ids) from a full checkpoint."""
     reader = dcp_read.SafeReader(step_uri)
-    key = f"embeddings.{table}.weight"
+    key = f"embeddings.{table}.{field}"
     entry = reader.read_metadata().state_dict_metadata.get(key)
     if entry is None:
         raise ExportError(f"table {table!r}: no {key} in {step_uri}")
-    state = {"embeddings": {f"{table}.weight": torch.empty(tuple(entry.size), dtype=torch.float32)}}
+    state = {"embeddings": {f"{table}.{field}": torch.empty(tuple(entry.size), dtype=dtype)}}
     with warnings.catch_warnings():  # one process, no process group: intended
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp_read.load(state, step_uri)
-    return state["embeddings"][f"{table}.weight"].numpy()
+    return state["embeddings"][f"{table}.{field}"].numpy()
 
 
-def _apply_delta(delta_uri: str, table: str, vectors: np.ndarray) -> None:
-    """Copy a delta's changed rows of `table` into `vectors` (in place)."""
+def _apply_delta(delta_uri: str, table: str, field: str, values: np.ndarray) -> None:
+    """Copy a delta's changed rows of one field of `table` into `values` (in place)."""
     saved = dcp_read.SafeReader(delta_uri).read_metadata().state_dict_metadata
     wanted = {k: v for k, v in delta.entries_of(saved).items()
-              if k.startswith(f"{table}.") and k.rsplit(".", 1)[-1] in ("rows", "weight")}
+              if k.startswith(f"{table}.") and k.rsplit(".", 1)[-1] in ("rows", field)}
     if not wanted:
         return  # no row of this table changed
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp_read.load({delta.DELTA_KEY: wanted}, delta_uri)
-    delta.apply({f"{table}.weight": torch.from_numpy(vectors)}, wanted)
+    delta.apply({f"{table}.{field}": torch.from_numpy(values)}, wanted)
+
+
+def _dynamic_keys(chain: list[str], table: str) -> tuple[list[str], np.ndarray, list[str]]:
+    """A dynamic table's rows that hold an id: each one's raw id (its text where the id index has it: string ids
+    were read as their 63-bit hashes), the row, and the feature it was read for."""
+    ids = _load_field(chain[0], table, "ids", torch.int64)
+    for delta_uri in chain[1:]:
+        _apply_delta(delta_uri, table, "ids", ids)
+    rows = np.flatnonzero((ids != dynamic.EMPTY) & (ids != dynamic.SHARED))
+    texts: dict[int, tuple[str, str]] = {}
+    try:
+        index = _read_ids(chain[0], table)
+    except ExportError:  # data without an id index (synthetic): the ids are the int64s themselves
+        index = None
+    if index is not None and "hash" in index.column_names:
+        texts = dict(zip(index["hash"].to_pylist(), zip(index["feature"].to_pylist(), index["id"].to_pylist(),
+                                                        strict=True), strict=True))
+    named = [texts.get(raw, ("", str(raw))) for raw in ids[rows].tolist()]
+    return [text for _, text in named], rows, [feature for feature, _ in named]
 
 
 def _read_ids(step_uri: str, table: str) -> pa.Table:
@@ -159,7 +182,9 @@ def _read_ids(step_uri: str, table: str) -> pa.Table:
             parts.append(pq.read_table(f))
     ids = pa.concat_tables(parts)
     # Ranks that saw the same id wrote it each: keep one (feature, id) pair.
-    frame = ids.group_by(["feature", "id"]).aggregate([("row", "min")]).rename_columns(["feature", "id", "row"])
+    kept = ["row", "hash"] if "hash" in ids.column_names else ["row"]  # older indexes kept no hashes
+    frame = ids.group_by(["feature", "id"]).aggregate([(c, "min") for c in kept]).rename_columns(
+        ["feature", "id", *kept])
     return frame.sort_by([("feature", "ascending"), ("id", "ascending")])
 
 
@@ -208,6 +233,8 @@ def _row_of(rows: TableRows, query: str) -> int:
     for key, row in zip(rows.keys, rows.rows.tolist(), strict=True):
         if key == query:
             return row
+    if rows.meaning == "dynamic_ids":
+        raise ExportError(f"word: no row of table {rows.name!r} holds that id (not admitted, or evicted)")
     # Not seen in training: it still hashes to a row (as the trainer would look it up).
     try:
         raw = int(query)

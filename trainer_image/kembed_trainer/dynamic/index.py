@@ -23,12 +23,12 @@ import numba
 import numpy as np
 
 from kembed_contract import trainer_config as config
+from kembed_trainer import dynamic
 from kembed_trainer.tiered import cache as policy
 
 __all__ = ["EMPTY", "NUM_BUCKETS", "SHARED", "DynamicIndex", "bucket_of", "owner_of"]
 
-EMPTY = np.iinfo(np.int64).min  # a free row's (or map slot's) id
-SHARED = EMPTY + 1  # the shared row's id: ids without a row of their own look it up
+EMPTY, SHARED = dynamic.EMPTY, dynamic.SHARED
 NUM_BUCKETS = 1 << 12  # ids' owners are ranges of buckets: at most this many ranks own ids
 BLOOM_HASHES = 3  # counters per id in its bucket's block of the filter
 _NOT_FOUND = np.iinfo(np.int64).min
