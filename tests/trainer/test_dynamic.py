@@ -195,12 +195,13 @@ DYNAMIC_TABLES = [
 CHAIN = {"every_steps": 5, "incremental": True, "full_every": 3, "max_chain_share": 100, "keep": 10}
 
 
-def dynamic_config(uri: str, steps: int, *, num_ids: int = 3000, **checkpoint) -> dict:
+def dynamic_config(uri: str, steps: int, *, num_ids: int = 3000, tiered: bool = False, **checkpoint) -> dict:
     """Synthetic ids of 3000 per feature into tables of 300 and 200 rows: admission, eviction and expiry all
-    happen every few steps."""
+    happen every few steps. `tiered`: t0's rows in a store on disk (the checkpoints stream them)."""
+    tables = [{**DYNAMIC_TABLES[0], "tier": {"cache_rows": 250}}, *DYNAMIC_TABLES[1:]] if tiered else DYNAMIC_TABLES
     return tiny_config(checkpoint={"uri": uri, **CHAIN, **checkpoint},
                        training={"steps": steps, "log_every": 1, "eval_every": 10},
-                       embeddings={"tables": DYNAMIC_TABLES}, data={"num_ids": num_ids},
+                       embeddings={"tables": tables}, data={"num_ids": num_ids},
                        optimizer={"sparse": {"name": "adam", "lr": 0.05}})
 
 
@@ -240,6 +241,25 @@ def test_a_dynamic_chain_resumes_bit_for_bit(tmp_path, uninterrupted):
         k: v for k, v in evals[-1].items() if k.startswith("dynamic_")}
 
 
+def test_a_tiered_dynamic_chain_resumes_bit_for_bit(tmp_path):
+    """A dynamic table whose rows are a tiered table's: its store streamed into and out of full checkpoints and
+    deltas, beside the index; the run resumed at 15 trains on as the one that never stopped."""
+    code, whole, stderr = run_trainer(write_config(tmp_path / "whole.yaml", dynamic_config(
+        f"file://{tmp_path}/a", 25, tiered=True, incremental=False, every_steps=0)), KEMBED_LOCAL_DIR=str(tmp_path))
+    assert code == 0, stderr
+    uri = f"file://{tmp_path}/b"
+    code, first, stderr = run_trainer(write_config(tmp_path / "first.yaml", dynamic_config(uri, 15, tiered=True)),
+                                      KEMBED_LOCAL_DIR=str(tmp_path))
+    assert code == 0, stderr
+    code, then, stderr = run_trainer(write_config(tmp_path / "then.yaml", dynamic_config(uri, 25, tiered=True)),
+                                     KEMBED_LOCAL_DIR=str(tmp_path))
+    assert code == 0, stderr
+    assert then[0]["resumed_from"] == f"{uri}/step-15"
+    assert losses(then) == {s: losses(whole)[s] for s in range(16, 26)}
+    assert then[-1]["eval"] == whole[-1]["eval"]
+    assert any("tier_hit_rate" in r for r in then if r["event"] == "progress")
+
+
 def test_a_rank_killed_mid_run_resumes_to_the_uninterrupted_state(tmp_path, uninterrupted):
     """SIGKILL in the middle of writing the delta of step 15: the resume starts from step 10's chain and ends
     where the run that was never killed ends, loss for loss."""
@@ -253,15 +273,18 @@ def test_a_rank_killed_mid_run_resumes_to_the_uninterrupted_state(tmp_path, unin
     assert then[-1]["eval"] == uninterrupted[-1]["eval"]
 
 
-@pytest.mark.parametrize(("first", "then"), [pytest.param(1, 2, id="1-to-2"), pytest.param(2, 1, id="2-to-1")])
-def test_a_dynamic_chain_loads_on_another_number_of_ranks(tmp_path, first, then):
-    """Ids go to the rank that owns them at the new world size, with their vectors and optimizer state: a resume
-    at the last step evaluates as the run that saved it. Ids of 150 per table: room for all on any rank."""
+@pytest.mark.parametrize(("first", "then", "tiered"), [
+    pytest.param(1, 2, False, id="1-to-2"), pytest.param(2, 1, False, id="2-to-1"),
+    pytest.param(1, 2, True, id="1-to-2-tiered")])
+def test_a_dynamic_chain_loads_on_another_number_of_ranks(tmp_path, first, then, tiered):
+    """Ids go to the rank that owns them at the new world size, with their vectors and optimizer state (from the
+    store, of a tiered table): a resume at the last step evaluates as the run that saved it. Ids of 150 per
+    table: room for all on any rank."""
     uri = f"file://{tmp_path}/ckpt"
-    path = write_config(tmp_path / "c.yaml", dynamic_config(uri, 15, num_ids=150))
-    code, before, stderr = run_trainer(path, nproc=first, timeout=600)
+    path = write_config(tmp_path / "c.yaml", dynamic_config(uri, 15, num_ids=150, tiered=tiered))
+    code, before, stderr = run_trainer(path, nproc=first, timeout=600, KEMBED_LOCAL_DIR=str(tmp_path))
     assert code == 0, stderr
-    code, after, stderr = run_trainer(path, nproc=then, timeout=600)
+    code, after, stderr = run_trainer(path, nproc=then, timeout=600, KEMBED_LOCAL_DIR=str(tmp_path))
     assert code == 0, stderr
     assert after[0]["world_size"] == then and after[0]["resumed_from"] == f"{uri}/step-15"
     evals = [r for r in (before, after) for r in r if r["event"] == "eval"]
@@ -314,3 +337,46 @@ def test_an_export_writes_the_raw_id_beside_each_vector(tmp_path):
     rows = exported["row"].to_numpy()
     np.testing.assert_array_equal(ids[rows], [hash_string(u) for u in exported["id"].to_pylist()])
     np.testing.assert_array_equal(np.stack(exported["vector"].to_numpy(zero_copy_only=False)), weight[rows])
+
+
+# ------------------------------------------------------------------------------------------------ tiered
+def dynamic_collection(optimizer: str, tier: dict | None) -> embedding.EmbeddingCollection:
+    """A dynamic table smaller than its ids (admission, eviction and expiry all happen), tiered or not."""
+    table = {"name": "big", "embedding_dim": 8, "features": ["a", "b"], "admit_after": 1, "weight_decay": 0.01,
+             "dynamic": {"capacity": 400, "ttl_steps": 25}, **({"tier": tier} if tier else {})}
+    emb = config.EmbeddingsConfig.model_validate({"tables": [
+        table, {"name": "small", "num_embeddings": 50, "embedding_dim": 8, "features": ["d"]}]})
+    return embedding.EmbeddingCollection(emb, config.SparseOptimizerConfig(name=optimizer, lr=0.05),
+                                         device=torch.device("cpu"), seed=3, world_size=1)
+
+
+@pytest.mark.parametrize("optimizer", [pytest.param(o, id=o) for o in OPTIMIZERS])
+def test_a_tiered_dynamic_table_trains_as_an_in_memory_one(optimizer, tmp_path, monkeypatch):
+    """The index maps ids to the store's rows: with a cache of 250 of its 401 rows (rows evicted from the cache,
+    written back and fetched again, and rows given to new ids where they are, cached or not), every step's
+    vectors, the index and each id's row and optimizer state equal those of the same table in memory."""
+    monkeypatch.setenv("KEMBED_LOCAL_DIR", str(tmp_path))
+    memory, tiered = dynamic_collection(optimizer, None), dynamic_collection(optimizer, {"cache_rows": 250})
+    try:
+        assert tiered.groups[0].tiered
+        for step in range(40):
+            seen = []
+            for coll in (memory, tiered):
+                pooled = torch.cat(coll(zipf_batch(step, raw=True), step=step), 1)
+                if coll is tiered and step % 3:
+                    coll.prefetch(zipf_batch(step + 1, raw=True))
+                (pooled * torch.linspace(-1, 1, pooled.numel()).view_as(pooled)).sum().backward()
+                coll.step(step)
+                seen.append(pooled.detach())
+            torch.testing.assert_close(seen[1], seen[0], rtol=1e-6, atol=1e-7, msg=f"pooled, step {step}")
+        want, got = memory.groups[0], tiered.groups[0]
+        np.testing.assert_array_equal(got.indexes[0].row_ids, want.indexes[0].row_ids)
+        used = torch.from_numpy(np.flatnonzero(want.indexes[0].row_ids != dyn_index.EMPTY))
+        for name, tensor in got.read_table(0).items():
+            torch.testing.assert_close(tensor[used], {"weight": want.shard, **want.shard_state}[name][used],
+                                       rtol=1e-6, atol=1e-7, msg=name)
+        stats = memory.dynamic_stats()
+        assert stats == tiered.dynamic_stats() and stats["evicted_capacity"] and stats["evicted_ttl"]
+        assert tiered.tier_stats()["written"] > 0  # the cache turned over
+    finally:
+        tiered.close()

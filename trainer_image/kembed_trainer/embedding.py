@@ -251,9 +251,10 @@ class EmbeddingCollection:
     ) -> None:
         gen = torch.Generator(device=device).manual_seed(seed)
         # One group per width and table kind, each held as its kind holds tables (kembed_trainer.tables).
-        by_group: dict[tuple[str, int], list[config.TableConfig]] = {}
+        by_group: dict[tuple, list[config.TableConfig]] = {}
         for t in emb_cfg.ordered_tables:
-            by_group.setdefault((kinds.table_kind(t).kind_name(), t.embedding_dim), []).append(t)
+            key = (kinds.table_kind(t).kind_name(), trainer_kinds.table(t).group_key(t), t.embedding_dim)
+            by_group.setdefault(key, []).append(t)
         table_id = {t.name: i for i, t in enumerate(emb_cfg.ordered_tables)}  # seeds a table the same in any group
         self.groups = []
         for tables in by_group.values():

@@ -1,5 +1,7 @@
 """A group of dynamic tables: row-wise sharded tables of `capacity + 1` rows whose rows are handed to raw ids as
 they come (`index.DynamicIndex`, one per table and rank), the last row shared by ids without a row of their own.
+The rows are held in memory (`DynamicGroup`) or in a tiered table's store behind its cache (`DynamicTieredGroup`:
+the index maps ids to the store's rows, which it reuses after evictions); the index is in memory either way.
 
 To `embedding.EmbeddingCollection` the group is a group of row-wise sharded in-memory tables; only `rows_of`
 differs: instead of an id being its row (or its hash bucket), each id is sent to the rank that owns it
@@ -25,8 +27,9 @@ from kembed_contract import trainer_config as config
 from kembed_trainer import embedding, hugepages
 from kembed_trainer.data import rows as data_rows
 from kembed_trainer.dynamic import index as dyn_index
+from kembed_trainer.tiered import table as tiered_table
 
-__all__ = ["DynamicGroup", "initial_vectors"]
+__all__ = ["DynamicGroup", "DynamicTieredGroup", "initial_vectors"]
 
 
 def initial_vectors(ids: np.ndarray, dim: int, bound: float, *, seed: int, table: int) -> torch.Tensor:
@@ -39,19 +42,20 @@ def initial_vectors(ids: np.ndarray, dim: int, bound: float, *, seed: int, table
     return torch.from_numpy(((2 * u - 1) * bound).astype(np.float32))
 
 
-class DynamicGroup(embedding.Group):
-    def __init__(self, tables: list[config.TableConfig], *, device: torch.device, seed: int, table_ids: list[int],
-                 rank: int, world_size: int) -> None:
-        if device.type != "cpu":
+class _Indexed:
+    """What a dynamic group adds to the group that holds its rows (in memory or tiered): the indexes, lookups
+    through them, their checkpointed fields and metrics. The holder gives `_read_rows` and `_write_rows` (rows with
+    their optimizer state, as one float matrix: the weight, then each state's columns) and `_index_changed`."""
+
+    def _start_indexes(self, tables: list[config.TableConfig], *, seed: int, table_ids: list[int], rank: int,
+                       world_size: int) -> None:
+        if self.shard.device.type != "cpu":
             raise ValueError("dynamic tables train on CPU for now (their index is host memory)")
-        super().__init__(tables, [True] * len(tables), device=device, gen=None, seed=seed, table_ids=table_ids,
-                         rank=rank, world_size=world_size, hold_shard=False, counts_admission=False)
-        self.shard = hugepages.zeros(self.layout.num_local_rows, self.dim, device=device)
-        self.shard_changed = torch.zeros(self.shard.shape[0], dtype=torch.bool)
         self.seed, self.table_ids, self.rank, self.world_size = seed, table_ids, rank, world_size
         self.num_buckets_here = max(0, min(dyn_index.buckets_per_rank(world_size),
                                            dyn_index.NUM_BUCKETS - rank * dyn_index.buckets_per_rank(world_size)))
         self.fields_of: list[dict[str, torch.Tensor]] = []  # per table: the index's per-row tensors
+        self.shared_rows: list[int | None] = []  # per table: the shared row among this rank's rows, if here
         self.sides: list[dict[str, embedding.SideTable]] = []
         self.indexes: list[dyn_index.DynamicIndex] = []
         for i, t in enumerate(tables):
@@ -64,14 +68,13 @@ class DynamicGroup(embedding.Group):
         lo = self.layout.table_lo(i)
         row_ids = torch.full((n,), dyn_index.EMPTY, dtype=torch.int64)
         shared = t.num_embeddings - 1 - lo  # the table's last row: ids without a row of their own
+        self.shared_rows.append(shared if 0 <= shared < n else None)
         if 0 <= shared < n:
             row_ids[shared] = dyn_index.SHARED
-            self.shard[piece.start + shared] = initial_vectors(
-                np.array([dyn_index.SHARED]), self.dim, embedding._bound(t), seed=self.seed, table=self.table_ids[i])[0]
         fields = {"ids": row_ids, "use_count": torch.zeros(n, dtype=torch.int32),
                   "last_used": torch.zeros(n, dtype=torch.int32)}
         arrays = {"row_ids": row_ids.numpy(), "use_count": fields["use_count"].numpy(),
-                  "last_used": fields["last_used"].numpy(), "changed": self.shard_changed[piece].numpy()}
+                  "last_used": fields["last_used"].numpy(), "changed": self._index_changed(i)}
         sides: dict[str, embedding.SideTable] = {}
         if t.admit_after and t.dynamic.admission == "counter":
             pending = {"ids": torch.full((n,), dyn_index.EMPTY, dtype=torch.int64),
@@ -92,10 +95,21 @@ class DynamicGroup(embedding.Group):
         self.indexes.append(dyn_index.DynamicIndex(t, arrays=arrays, rank=self.rank, world_size=self.world_size))
 
     # ------------------------------------------------------------------------------------------- lookups
+    def _start_shared_rows(self) -> None:
+        """The shared rows' starting vectors (once the rows are held)."""
+        for i, shared in enumerate(self.shared_rows):
+            if shared is not None:
+                self._start_afresh(i, np.array([shared]), ids=np.array([dyn_index.SHARED]))
+
+    def _quiet(self) -> None:
+        """Wait until nothing else touches the rows (a tiered group's prefetch thread)."""
+
     def rows_of(self, ids: list[torch.Tensor], step: int | None = None) -> torch.Tensor:
         """Group rows of each feature's raw ids, from their owners' indexes. In training (gradients on and a
         `step`), owners count, admit and evict; otherwise (evaluation, a prefetch) they only look up."""
         training = step is not None and torch.is_grad_enabled()
+        if training:
+            self._quiet()
         table = torch.cat([torch.full((v.numel(),), self.feature_table[f], dtype=torch.int64)
                            for f, v in enumerate(ids)]) if ids else torch.empty(0, dtype=torch.int64)
         flat = torch.cat(ids) if ids else torch.empty(0, dtype=torch.int64)
@@ -143,16 +157,19 @@ class DynamicGroup(embedding.Group):
             out[chosen] = rows[where.reshape(-1)]
         return out
 
-    def _start_afresh(self, i: int, local_rows: np.ndarray) -> None:
-        """New ids' rows: their starting vectors and zero optimizer state."""
+    def _start_afresh(self, i: int, local_rows: np.ndarray, ids: np.ndarray | None = None) -> None:
+        """New ids' rows (this rank's rows of table i): their starting vectors and zero optimizer state."""
         if not local_rows.shape[0]:
             return
-        at = torch.from_numpy(local_rows + self.layout.local_slice(i).start)
-        ids = self.indexes[i].row_ids[local_rows]
-        self.shard.index_copy_(0, at, initial_vectors(ids, self.dim, embedding._bound(self.tables[i]),
-                                                      seed=self.seed, table=self.table_ids[i]))
-        for s in self.shard_state.values():
-            s.index_fill_(0, at, 0.0)
+        ids = self.indexes[i].row_ids[local_rows] if ids is None else ids
+        vectors = initial_vectors(ids, self.dim, embedding._bound(self.tables[i]), seed=self.seed,
+                                  table=self.table_ids[i])
+        floats = torch.zeros(local_rows.shape[0], self._row_floats())
+        floats[:, : self.dim] = vectors
+        self._write_rows(i, local_rows, floats)
+
+    def _row_floats(self) -> int:
+        return self.dim + sum(int(np.prod(s.shape[1:])) for s in self.shard_state.values())
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def extra_fields(self, i: int) -> dict[str, torch.Tensor]:
@@ -173,11 +190,7 @@ class DynamicGroup(embedding.Group):
 
     def _send_strays(self, i: int, index: dyn_index.DynamicIndex) -> None:
         rows, slots = index.strays()
-        lo = self.layout.local_slice(i).start
-        at = torch.from_numpy(rows + lo)
-        states = list(self.shard_state.values())
-        floats = torch.cat([self.shard.index_select(0, at),
-                            *[_as_columns(s.index_select(0, at)) for s in states]], 1)
+        floats = self._read_rows(i, rows)
         ints = torch.from_numpy(np.stack([index.row_ids[rows], index.use_count[rows].astype(np.int64),
                                           index.last_used[rows].astype(np.int64)], 1))
         waiting = torch.from_numpy(np.stack([index.pending_ids[slots], index.pending_count[slots].astype(np.int64),
@@ -186,22 +199,15 @@ class DynamicGroup(embedding.Group):
         index.rebuild()
         got_ints, got_floats = _to_owners(ints, floats, self.world_size)
         got_waiting, _ = _to_owners(waiting, torch.empty(waiting.shape[0], 0), self.world_size)
-        order = np.argsort(got_ints[:, 0].numpy(), kind="stable")
-        got_ints, got_floats = got_ints[torch.from_numpy(order)], got_floats[torch.from_numpy(order)]
+        order = torch.from_numpy(np.argsort(got_ints[:, 0].numpy(), kind="stable"))
+        got_ints, got_floats = got_ints[order], got_floats[order]
         placed = index.take_in(got_ints[:, 0].numpy().copy(), got_ints[:, 1].numpy().astype(np.int32),
                                got_ints[:, 2].numpy().astype(np.int32))
         kept = placed >= 0
-        at = torch.from_numpy(placed[kept] + lo)
-        got_floats = got_floats[torch.from_numpy(kept)]
-        self.shard.index_copy_(0, at, got_floats[:, : self.dim].contiguous())
-        first = self.dim
-        for s in states:
-            width = int(np.prod(s.shape[1:]))
-            s.index_copy_(0, at, got_floats[:, first:first + width].reshape(-1, *s.shape[1:]).contiguous())
-            first += width
+        self._write_rows(i, placed[kept], got_floats[torch.from_numpy(kept)])
         if got_waiting.shape[0]:
-            order = np.argsort(got_waiting[:, 0].numpy(), kind="stable")
-            got_waiting = got_waiting[torch.from_numpy(order)].numpy()
+            order = torch.from_numpy(np.argsort(got_waiting[:, 0].numpy(), kind="stable"))
+            got_waiting = got_waiting[order].numpy()
             index.take_in_waiting(got_waiting[:, 0].copy(), got_waiting[:, 1].astype(np.int32),
                                   got_waiting[:, 2].astype(np.int32))
 
@@ -217,9 +223,110 @@ class DynamicGroup(embedding.Group):
         return sum(index.rows_in_use for index in self.indexes)
 
     @property
-    def extra_bytes(self) -> int:
+    def index_bytes(self) -> int:
         """The index's memory: per-row fields, the maps, the admission's counters."""
         return sum(index.nbytes for index in self.indexes)
+
+
+class DynamicGroup(_Indexed, embedding.Group):
+    """Dynamic tables whose rows are in memory (this rank's in `shard`, their state in `shard_state`)."""
+
+    def __init__(self, tables: list[config.TableConfig], *, device: torch.device, seed: int, table_ids: list[int],
+                 rank: int, world_size: int) -> None:
+        super().__init__(tables, [True] * len(tables), device=device, gen=None, seed=seed, table_ids=table_ids,
+                         rank=rank, world_size=world_size, hold_shard=False, counts_admission=False)
+        self.shard = hugepages.zeros(self.layout.num_local_rows, self.dim, device=device)
+        self.shard_changed = torch.zeros(self.shard.shape[0], dtype=torch.bool)
+        self._start_indexes(tables, seed=seed, table_ids=table_ids, rank=rank, world_size=world_size)
+        self._start_shared_rows()  # (the optimizer's state, allocated next, starts at zero)
+
+    @property
+    def extra_bytes(self) -> int:
+        return self.index_bytes
+
+    def _index_changed(self, i: int) -> np.ndarray:
+        return self.shard_changed[self.layout.local_slice(i)].numpy()  # deltas save the rows the index moved too
+
+    def _read_rows(self, i: int, rows: np.ndarray) -> torch.Tensor:
+        at = torch.from_numpy(rows + self.layout.local_slice(i).start)
+        return torch.cat([self.shard.index_select(0, at),
+                          *[_as_columns(s.index_select(0, at)) for s in self.shard_state.values()]], 1)
+
+    def _write_rows(self, i: int, rows: np.ndarray, floats: torch.Tensor) -> None:
+        at = torch.from_numpy(rows + self.layout.local_slice(i).start)
+        self.shard.index_copy_(0, at, floats[:, : self.dim].contiguous())
+        first = self.dim
+        for s in self.shard_state.values():
+            width = int(np.prod(s.shape[1:]))
+            s.index_copy_(0, at, floats[:, first:first + width].reshape(-1, *s.shape[1:]).contiguous())
+            first += width
+
+
+class DynamicTieredGroup(_Indexed, tiered_table.TieredGroup):
+    """Dynamic tables whose rows are a tiered table's: in the rank's store on local disk, the hot ones cached.
+    A row given to a new id is written with its starting vector where it is (its cache slot, marked changed, or
+    its record in the store)."""
+
+    def __init__(self, tables: list[config.TableConfig], *, optimizer: str, device: torch.device, seed: int,
+                 table_ids: list[int], rank: int, world_size: int) -> None:
+        super().__init__(tables, optimizer=optimizer, device=device, seed=seed, table_ids=table_ids, rank=rank,
+                         world_size=world_size, counts_admission=False)
+        self.index_changed = [np.zeros(int(self.layout.rows_on[rank, i]), np.bool_) for i in range(len(tables))]
+        self._start_indexes(tables, seed=seed, table_ids=table_ids, rank=rank, world_size=world_size)
+
+    def _index_changed(self, i: int) -> np.ndarray:
+        return self.index_changed[i]
+
+    def open(self, folder: str | None = None) -> None:
+        super().open(folder)
+        self._start_shared_rows()
+
+    def _quiet(self) -> None:
+        self._wait()
+
+    def _read_rows(self, i: int, rows: np.ndarray) -> torch.Tensor:
+        """Records of this rank's rows of table i: cached ones from the cache (newer than the store), the rest
+        from the store."""
+        group_rows = rows + self._file_starts[i]
+        slots = self.cache.resident(group_rows)
+        out = np.empty((rows.shape[0], self.record_floats), np.float32)
+        cached = slots >= 0
+        out[cached] = self._records_of(slots[cached])
+        if not cached.all():
+            order = np.argsort(rows[~cached])
+            out[np.flatnonzero(~cached)[order]] = self.read_records(i, rows[~cached][order])
+        return torch.from_numpy(out)
+
+    def _write_rows(self, i: int, rows: np.ndarray, floats: torch.Tensor) -> None:
+        """Records into this rank's rows of table i: a cached row's slot (written back when evicted or saved),
+        else the store (a change the next delta saves)."""
+        group_rows = rows + self._file_starts[i]
+        records = np.ascontiguousarray(floats.numpy(), dtype=np.float32)
+        slots = self.cache.resident(group_rows)
+        cached = slots >= 0
+        if cached.any():
+            self._into_slots(slots[cached], records[cached])
+            self.cache.dirty[slots[cached]] = True
+        if not cached.all():
+            order = np.argsort(rows[~cached])
+            self.files[i].write(np.ascontiguousarray(rows[~cached][order], dtype=np.int64),
+                                np.ascontiguousarray(records[~cached][order]))
+            self.changed_rows[group_rows[~cached]] = True
+
+    def changed_local_rows(self, i: int) -> np.ndarray:
+        """Rows whose record or index fields changed since the last checkpoint (`flush` first)."""
+        lo, hi = int(self._file_starts[i]), int(self._file_starts[i + 1])
+        return np.flatnonzero(self.changed_rows[lo:hi] | self.index_changed[i])
+
+    def forget_changes(self) -> None:
+        super().forget_changes()
+        for changed in self.index_changed:
+            changed[:] = False
+
+    @property
+    def memory_bytes(self) -> int:
+        """The cache, its bookkeeping and the index (`EmbeddingCollection.num_bytes` counts a tiered group so)."""
+        return super().memory_bytes + self.index_bytes
 
 
 def _as_columns(rows: torch.Tensor) -> torch.Tensor:

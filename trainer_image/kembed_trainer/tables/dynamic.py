@@ -12,12 +12,16 @@ __all__ = ["KIND", "Dynamic"]
 
 
 class Dynamic(TableStorage):
+    def group_key(self, table: config.TableConfig) -> object:
+        return table.tier is not None  # tiered dynamic tables and in-memory ones: two groups
+
     def group(self, tables: list[config.TableConfig], sharded: list[bool], *, device: torch.device,
               gen: torch.Generator, seed: int, table_ids: list[int], optimizer: str, rank: int, world_size: int):
         from kembed_trainer.dynamic import group  # numba only where it is used: other jobs start faster
 
-        if any(t.tier is not None for t in tables):
-            raise ValueError(f"table {tables[0].name!r}: a dynamic table cannot be tiered yet")
+        if tables[0].tier is not None:  # a width's tiered dynamic tables: a group of their own (`group_key`)
+            return group.DynamicTieredGroup(tables, optimizer=optimizer, device=device, seed=seed,
+                                            table_ids=table_ids, rank=rank, world_size=world_size)
         return group.DynamicGroup(tables, device=device, seed=seed, table_ids=table_ids, rank=rank,
                                   world_size=world_size)
 
