@@ -273,6 +273,50 @@ def test_a_rank_killed_mid_run_resumes_to_the_uninterrupted_state(tmp_path, unin
     assert then[-1]["eval"] == uninterrupted[-1]["eval"]
 
 
+# Rank 1 of a gang kills itself with SIGKILL when asked for step 17's batch (argv: the config).
+KILLS_RANK_1 = """
+import os, signal, sys
+from kembed_trainer import __main__
+from kembed_trainer.data import synthetic
+
+batch = synthetic.SyntheticData.train_batch
+
+def killing(self, step):
+    if step == 17 and self.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return batch(self, step)
+
+synthetic.SyntheticData.train_batch = killing
+sys.exit(__main__.main())
+"""
+
+
+def test_a_rank_of_two_killed_mid_run_resumes_to_the_uninterrupted_state(tmp_path):
+    """Two ranks, each owning its ids: rank 1 SIGKILLed at step 17, the gang resumes from step 15 and ends where
+    a gang never killed ends, loss for loss."""
+    import subprocess
+    import sys
+
+    from tests.trainer.conftest import REPO, records, trainer_env
+
+    code, whole, stderr = run_trainer(write_config(tmp_path / "whole.yaml", dynamic_config(
+        f"file://{tmp_path}/a", 25)), nproc=2, timeout=600)
+    assert code == 0, stderr
+    (tmp_path / "kill.py").write_text(KILLS_RANK_1)
+    path = write_config(tmp_path / "c.yaml", dynamic_config(f"file://{tmp_path}/b", 25))
+    killed = subprocess.run(  # noqa: PLW1510 - the exit code is what we test
+        [sys.executable, "-m", "kembed_trainer.launch", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
+         str(tmp_path / "kill.py"), "--config", str(path)],
+        env=trainer_env(), capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert killed.returncode == 128 + 9, killed.stderr[-3000:]
+    assert max(r["step"] for r in records(killed.stdout) if r["event"] == "progress") == 16
+    code, then, stderr = run_trainer(path, nproc=2, timeout=600)
+    assert code == 0, stderr
+    assert then[0]["resumed_from"] == f"file://{tmp_path}/b/step-15"
+    assert losses(then) == {s: losses(whole)[s] for s in range(16, 26)}
+    assert then[-1]["eval"] == whole[-1]["eval"]
+
+
 @pytest.mark.parametrize(("first", "then", "tiered"), [
     pytest.param(1, 2, False, id="1-to-2"), pytest.param(2, 1, False, id="2-to-1"),
     pytest.param(1, 2, True, id="1-to-2-tiered")])

@@ -19,6 +19,9 @@ them: `after_restore` moves them (rows with their vectors and state) to their ow
 
 from __future__ import annotations
 
+import functools
+
+import numba
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -35,11 +38,27 @@ __all__ = ["DynamicGroup", "DynamicTieredGroup", "initial_vectors"]
 def initial_vectors(ids: np.ndarray, dim: int, bound: float, *, seed: int, table: int) -> torch.Tensor:
     """Each id's starting vector, U(-bound, bound) drawn from (seed, table, id) alone: an id starts the same
     whichever rank and row it gets, at any world size, and again after an eviction."""
-    salt = np.uint64(data_rows.hash_string(f"dynamic:{seed}:{table}"))
-    with np.errstate(over="ignore"):
-        keys = ids.astype(np.uint64)[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)[None, :]
-        u = data_rows.unit_hash(keys ^ salt)
-    return torch.from_numpy(((2 * u - 1) * bound).astype(np.float32))
+    out = np.empty((ids.shape[0], dim), np.float32)
+    _uniform_rows(np.ascontiguousarray(ids, dtype=np.int64), _salt(seed, table), bound, out)
+    return torch.from_numpy(out)
+
+
+@functools.cache
+def _salt(seed: int, table: int) -> int:
+    return data_rows.hash_string(f"dynamic:{seed}:{table}")
+
+
+@numba.njit(nogil=True)
+def _uniform_rows(ids, salt, bound, out):
+    """out[i, j] = U(-bound, bound) from splitmix64 of (ids[i], j) and the salt: a counter-based generator."""
+    dim = out.shape[1]
+    for i in range(ids.shape[0]):
+        for j in range(dim):
+            x = (np.uint64(ids[i]) * np.uint64(dim) + np.uint64(j)) ^ np.uint64(salt)
+            x = (x + np.uint64(0x9E3779B97F4A7C15)) * np.uint64(0xBF58476D1CE4E5B9)
+            x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            x = x ^ (x >> np.uint64(31))
+            out[i, j] = ((x >> np.uint64(11)) * (2.0 / 9007199254740992.0) - 1.0) * bound
 
 
 class _Indexed:

@@ -130,7 +130,7 @@ def _rebuild(keys, values, row_ids, pending_ids):
 
 # ----------------------------------------------------------------------------------------------- one step
 @numba.njit(nogil=True)
-def _expire(keys, values, ids, last, changed, p_ids, p_last, p_changed, step, ttl):
+def _expire(keys, values, ids, last, changed, free, p_ids, p_last, p_changed, step, ttl):
     """Free the rows (and forget the waiting ids) not looked up in more than `ttl` steps; rows freed."""
     freed = 0
     for r in range(ids.shape[0]):
@@ -139,6 +139,8 @@ def _expire(keys, values, ids, last, changed, p_ids, p_last, p_changed, step, tt
             ids[r] = EMPTY
             changed[r] = True
             freed += 1
+            free[1] = min(free[1], r)
+    free[0] += freed
     for p in range(p_ids.shape[0]):
         if p_ids[p] != EMPTY and step - p_last[p] > ttl:
             _delete(keys, values, p_ids[p])
@@ -239,7 +241,7 @@ def _count_in_filter(ids, found, admit, filt, filt_changed, first_bucket, admit_
 
 
 @numba.njit(nogil=True)
-def _place(keys, values, ids, admit, found, rows_ids, count, last, changed, p_ids, p_changed, step,
+def _place(keys, values, ids, admit, found, rows_ids, count, last, changed, free, p_ids, p_changed, step,
            halve_every, reserve):
     """Give the admitted ids rows, lowest free rows first; when too few are free, evict the least used rows not
     used this step (at least `reserve` of them). Ids left without a row keep the shared one (found stays
@@ -252,23 +254,21 @@ def _place(keys, values, ids, admit, found, rows_ids, count, last, changed, p_id
     if need == 0:
         return 0, new_rows
     num_rows = rows_ids.shape[0]
-    free = 0
-    for r in range(num_rows):
-        if rows_ids[r] == EMPTY:
-            free += 1
     evicted = 0
-    if free < need:
+    if free[0] < need:
         counts = np.full(num_rows, -1, np.int64)
         for r in range(num_rows):
             if rows_ids[r] != EMPTY and rows_ids[r] != SHARED and last[r] != step:
                 counts[r] = policy.aged(np.int64(count[r]), np.int64(last[r]), step, halve_every)
-        victims, _ = policy.least_used(counts, max(need - free, reserve), 0)
+        victims, _ = policy.least_used(counts, max(need - free[0], reserve), 0)
         for r in victims:
             _delete(keys, values, rows_ids[r])
             rows_ids[r] = EMPTY
             changed[r] = True
+            free[1] = min(free[1], r)
         evicted = victims.shape[0]
-    r = 0
+        free[0] += evicted
+    r = free[1]
     placed = 0
     for i in range(ids.shape[0]):
         if not admit[i]:
@@ -289,15 +289,17 @@ def _place(keys, values, ids, admit, found, rows_ids, count, last, changed, p_id
         found[i] = r
         new_rows[placed] = r
         placed += 1
+    free[0] -= placed
+    free[1] = r
     return evicted, new_rows[:placed]
 
 
 @numba.njit(nogil=True)
-def _take_in(keys, values, rows_ids, count, last, changed, ids, counts, lasts):
+def _take_in(keys, values, rows_ids, count, last, changed, free, ids, counts, lasts):
     """Place rows moved here from another rank (a restore at another world size), lowest free rows first: the
     rows they took (-1 where none was free)."""
     out = np.full(ids.shape[0], -1, np.int64)
-    r = 0
+    r = free[1]
     for i in range(ids.shape[0]):
         while r < rows_ids.shape[0] and rows_ids[r] != EMPTY:
             r += 1
@@ -309,6 +311,8 @@ def _take_in(keys, values, rows_ids, count, last, changed, ids, counts, lasts):
         changed[r] = True
         _put(keys, values, ids[i], r)
         out[i] = r
+        free[0] -= 1
+    free[1] = r
     return out
 
 
@@ -352,6 +356,15 @@ class DynamicIndex:
         self.values = np.zeros(size, np.int32 if self.row_ids.shape[0] < 2**31 else np.int64)
         self.stats = Stats()
         self.reserve = max(1, self.row_ids.shape[0] // policy.EVICT_SHARE)
+        # Free rows: how many, and a row below which none is (where the search for the lowest starts). Both
+        # follow from `row_ids` (`rebuild` recounts them), kept up to date so a step need not scan the rows.
+        self.free = np.zeros(2, np.int64)
+        self._count_free()
+
+    def _count_free(self) -> None:
+        empty = self.row_ids == EMPTY
+        self.free[0] = int(np.count_nonzero(empty))
+        self.free[1] = int(np.argmax(empty)) if self.free[0] else self.row_ids.shape[0]
 
     @property
     def nbytes(self) -> int:
@@ -361,11 +374,12 @@ class DynamicIndex:
 
     @property
     def rows_in_use(self) -> int:
-        return int(np.count_nonzero((self.row_ids != EMPTY) & (self.row_ids != SHARED)))
+        return self.row_ids.shape[0] - int(self.free[0]) - int(np.count_nonzero(self.row_ids[-1:] == SHARED))
 
     def rebuild(self) -> None:
         """The id -> row map from the per-row arrays (after they were loaded)."""
         _rebuild(self.keys, self.values, self.row_ids, self.pending_ids)
+        self._count_free()
 
     def find(self, ids: np.ndarray) -> np.ndarray:
         """Each id's row, or -1 (no row of its own): a lookup that changes nothing (evaluation)."""
@@ -380,7 +394,7 @@ class DynamicIndex:
         dyn = self.dynamic
         if dyn.ttl_steps and step % max(1, dyn.ttl_steps // 16) == 0:
             self.stats.evicted_ttl += _expire(self.keys, self.values, self.row_ids, self.last_used, self.changed,
-                                              self.pending_ids, self.pending_last, self.pending_changed, step,
+                                              self.free, self.pending_ids, self.pending_last, self.pending_changed, step,
                                               dyn.ttl_steps)
         found = np.empty(ids.shape[0], np.int64)
         _lookup(self.keys, self.values, ids, found)
@@ -396,7 +410,7 @@ class DynamicIndex:
                 _count_in_filter(ids, found, admit, self.bloom, self.bloom_changed, self.first_bucket,
                                  self.admit_after)
         evicted, new_rows = _place(self.keys, self.values, ids, admit, found, self.row_ids, self.use_count,
-                                   self.last_used, self.changed, self.pending_ids, self.pending_changed, step,
+                                   self.last_used, self.changed, self.free, self.pending_ids, self.pending_changed, step,
                                    policy.HALVE_EVERY, self.reserve)
         self.stats.evicted_capacity += evicted
         self.stats.admitted += new_rows.shape[0]
@@ -425,8 +439,8 @@ class DynamicIndex:
     def take_in(self, ids: np.ndarray, counts: np.ndarray, lasts: np.ndarray) -> np.ndarray:
         """Rows for moved-in ids (sorted by id), lowest free first; -1 where the rank is full (those are dropped,
         counted as evicted for capacity)."""
-        rows = _take_in(self.keys, self.values, self.row_ids, self.use_count, self.last_used, self.changed, ids,
-                        counts, lasts)
+        rows = _take_in(self.keys, self.values, self.row_ids, self.use_count, self.last_used, self.changed,
+                        self.free, ids, counts, lasts)
         self.stats.evicted_capacity += int(np.count_nonzero(rows < 0))
         return rows
 
