@@ -50,6 +50,7 @@ __all__ = [
     "SparseOptimizerConfig",
     "SparsityConfig",
     "DynamicConfig",
+    "dynamic_map_slots",
     "TableConfig",
     "TierConfig",
     "TrainerConfig",
@@ -106,12 +107,18 @@ class TierConfig(_Strict):
 
 
 # A dynamic table's id index per row (kembed_trainer.dynamic): the row's raw id (int64), its use count and the step
-# it was last used (int32 each); and the id -> row hash map, at most half full, of an int64 key and an int32 row a
-# slot (so 2 to 4 slots a row: 24 bytes a row on average is what the estimate counts).
+# it was last used (int32 each); the same for each slot of ids waiting for admission (counter admission); and the
+# id -> row hash map over both, of an int64 key and an int32 row a slot (`dynamic_map_slots`).
 DYNAMIC_ROW_BYTES = 8 + 4 + 4
-DYNAMIC_MAP_BYTES_PER_ROW = 24
-DYNAMIC_PENDING_BYTES = 8 + 4 + 4  # an id waiting for admission (counter admission): id, count, last seen
+DYNAMIC_PENDING_BYTES = 8 + 4 + 4
+DYNAMIC_MAP_SLOT_BYTES = 8 + 4
 BLOOM_BYTES_PER_COUNTER = 1
+
+
+def dynamic_map_slots(entries: int) -> int:
+    """Slots of a dynamic table's id -> row map for `entries` rows and waiting slots: the power of two at least
+    1.5 times as many (at most two thirds full, so probes stay short)."""
+    return 1 << max(4, (3 * entries // 2 - 1).bit_length())
 MAX_BLOOM_COUNT = 255  # the Bloom filter's counters are bytes: admit_after is at most this with admission: bloom
 
 
@@ -150,12 +157,11 @@ class DynamicConfig(_Strict):
         """Memory one rank holds for the index of a dynamic `table`: per row its id, count and last use, the id
         -> row map, and the admission's counters (waiting ids or the Bloom filter's share)."""
         rows = self.rows_per_rank(world_size)
-        out = rows * (DYNAMIC_ROW_BYTES + DYNAMIC_MAP_BYTES_PER_ROW)
-        if table.admit_after:
-            if self.admission == "counter":
-                out += rows * (DYNAMIC_PENDING_BYTES + DYNAMIC_MAP_BYTES_PER_ROW)
-            else:
-                out += -(-self.bloom_counters // world_size) * BLOOM_BYTES_PER_COUNTER
+        waiting = rows if table.admit_after and self.admission == "counter" else 0
+        out = rows * DYNAMIC_ROW_BYTES + waiting * DYNAMIC_PENDING_BYTES
+        out += dynamic_map_slots(rows + waiting) * DYNAMIC_MAP_SLOT_BYTES
+        if table.admit_after and self.admission == "bloom":
+            out += -(-self.bloom_counters // world_size) * BLOOM_BYTES_PER_COUNTER
         return out
 
 

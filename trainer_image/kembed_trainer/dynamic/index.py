@@ -350,8 +350,7 @@ class DynamicIndex:
         self.pending_changed = arrays.get("pending_changed", empty_b)
         self.bloom = arrays.get("bloom", np.empty((0, 1), np.uint8))
         self.bloom_changed = arrays.get("bloom_changed", empty_b)
-        entries = self.row_ids.shape[0] + self.pending_ids.shape[0]
-        size = 1 << max(4, int(2 * entries).bit_length())  # at most half full
+        size = config.dynamic_map_slots(self.row_ids.shape[0] + self.pending_ids.shape[0])
         self.keys = np.full(size, EMPTY, np.int64)
         self.values = np.zeros(size, np.int32 if self.row_ids.shape[0] < 2**31 else np.int64)
         self.stats = Stats()
