@@ -339,16 +339,18 @@ def test_a_dynamic_chain_loads_on_another_number_of_ranks(tmp_path, first, then,
 
 # ------------------------------------------------------------------------------------------------ export
 def test_an_export_writes_the_raw_id_beside_each_vector(tmp_path):
-    """String ids from a file: the parquet export of a dynamic table (read through its chain, full then deltas)
-    holds one entry per row that holds an id, with the id's text and that row's vector."""
+    """String ids from a file, in order (user 0's rows first, then user 1's, ...), so that most of the ids the
+    table holds at the end were first read after the chain's full checkpoint: the parquet export of the last delta
+    holds one entry per row that holds an id, with the id's text (from the id index of the whole chain) and that
+    row's vector."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from kembed_trainer import export
 
     rng = np.random.default_rng(0)
-    users = np.array([f"user-{i:03d}" for i in range(120)])
-    picked = users[rng.zipf(1.3, 3000) % 120]
+    users = np.array([f"user-{i:03d}" for i in range(120)])  # read as their 63-bit hashes
+    picked = users[np.arange(3000) * 120 // 3000]  # 25 rows a user, in order
     (tmp_path / "rows").mkdir()
     pq.write_table(pa.table({"user": picked, "label": (rng.random(3000) < 0.5).astype(np.int64),
                              "price": rng.normal(size=3000)}), tmp_path / "rows" / "part-0.parquet")
@@ -356,9 +358,9 @@ def test_an_export_writes_the_raw_id_beside_each_vector(tmp_path):
     cfg = tiny_config(
         model={"kind": "dlrm", "bottom_mlp": [8], "top_mlp": [8]},
         embeddings={"tables": [{"name": "users", "embedding_dim": 8, "features": ["user"],
-                                "dynamic": {"capacity": 80}}]},
+                                "dynamic": {"capacity": 30}}]},
         data={"kind": "table", "uri": str(tmp_path / "rows"), "label": "label", "dense": ["price"],
-              "sparse": {"user": "user"}, "shuffle_buffer": 400},
+              "sparse": {"user": "user"}, "shuffle_buffer": 100},
         training={"steps": 30, "batch_size": 50, "log_every": 10},
         checkpoint={"uri": uri, "every_steps": 10, **{k: v for k, v in CHAIN.items() if k != "every_steps"}})
     code, recs, stderr = run_trainer(write_config(tmp_path / "c.yaml", cfg))
@@ -368,8 +370,10 @@ def test_an_export_writes_the_raw_id_beside_each_vector(tmp_path):
     with out.open("wb") as f:
         export.write(export.read_table(f"{uri}/step-30", "users"), "parquet", f)
     exported = pq.read_table(out)
-    assert exported.num_rows == 80  # the table is full: every row holds an id
-    assert set(exported["id"].to_pylist()) <= set(users) and len(set(exported["id"].to_pylist())) == 80
+    assert exported.num_rows == 30  # the table is full: every row holds an id
+    assert set(exported["id"].to_pylist()) <= set(users) and len(set(exported["id"].to_pylist())) == 30
+    first_read = {u for u in users[: 120 * 600 // 3000]}  # users of the first 500 rows, and a window's more
+    assert len(set(exported["id"].to_pylist()) - first_read) > 15  # most were read after the full checkpoint
     assert set(exported["feature"].to_pylist()) == {"user"}
     # Each vector is its row's in the checkpoint, and the row holds that id's 63-bit hash.
     chain = export.chain_uris(f"{uri}/step-30")

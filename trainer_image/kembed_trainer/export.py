@@ -120,7 +120,7 @@ def read_table(step_uri: str, table: str | None = None) -> TableRows:
     elif meaning == "dynamic_ids":
         keys, rows, features = _dynamic_keys(chain, name)
     else:
-        ids = _read_ids(step_uri, name)
+        ids = _read_ids(chain, name)
         keys, rows, features = ids["id"].to_pylist(), ids["row"].to_numpy(), ids["feature"].to_pylist()
     return TableRows(name, meaning, vectors, keys, rows, features, bool(manifest.get("bias_column")))
 
@@ -161,7 +161,7 @@ def _dynamic_keys(chain: list[str], table: str) -> tuple[list[str], np.ndarray, 
     rows = np.flatnonzero((ids != dynamic.EMPTY) & (ids != dynamic.SHARED))
     texts: dict[int, tuple[str, str]] = {}
     try:
-        index = _read_ids(chain[0], table)
+        index = _read_ids(chain, table)
     except ExportError:  # data without an id index (synthetic): the ids are the int64s themselves
         index = None
     if index is not None and "hash" in index.column_names:
@@ -171,16 +171,18 @@ def _dynamic_keys(chain: list[str], table: str) -> tuple[list[str], np.ndarray, 
     return [text for _, text in named], rows, [feature for feature, _ in named]
 
 
-def _read_ids(step_uri: str, table: str) -> pa.Table:
-    fs, root = fsspec.core.url_to_fs(step_uri)
-    paths = sorted(fs.glob(f"{root}/{row_index.IDS_DIR}/{table}.rank-*.parquet"))
-    if not paths:
-        raise ExportError(f"table {table!r}: no ids files in {step_uri}")
+def _read_ids(chain: list[str], table: str) -> pa.Table:
+    """The id index of `table` over a checkpoint's chain (a delta's files hold the ids read since the save
+    before it)."""
     parts = []
-    for path in paths:
-        with fs.open(path, "rb") as f:
-            parts.append(pq.read_table(f))
-    ids = pa.concat_tables(parts)
+    for step_uri in chain:
+        fs, root = fsspec.core.url_to_fs(step_uri)
+        for path in sorted(fs.glob(f"{root}/{row_index.IDS_DIR}/{table}.rank-*.parquet")):
+            with fs.open(path, "rb") as f:
+                parts.append(pq.read_table(f))
+    if not parts:
+        raise ExportError(f"table {table!r}: no ids files in {chain[-1]}")
+    ids = pa.concat_tables(parts, promote_options="default")  # an older index may lack the hash column
     # Ranks that saw the same id wrote it each: keep one (feature, id) pair.
     kept = ["row", "hash"] if "hash" in ids.column_names else ["row"]  # older indexes kept no hashes
     frame = ids.group_by(["feature", "id"]).aggregate([(c, "min") for c in kept]).rename_columns(

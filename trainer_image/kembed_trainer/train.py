@@ -99,6 +99,7 @@ class Trainer:
         self.stop_requested = False
         self._last_saved: checkpoint.SavedCheckpoint | None = None  # the newest that landed
         self._saved_step: int | None = None  # the newest saved, landed or in flight
+        self._ids_saved: dict[str, int] = {}  # raw ids read per feature when the last save was made (row_index)
         malloc.trim()  # the tables' and data's start-up temporaries
 
     # ------------------------------------------------------------------------------------------- the loop
@@ -279,10 +280,11 @@ class Trainer:
         if "data" in state:
             self._ahead.forget()
             self.data.load_state_dict(state["data"])
-        if hasattr(self.data, "add_raw_ids"):  # the id index so far: in the chain's full checkpoint
-            full = runtime.chain_of(step, self.checkpointer.markers())[0]
-            self.data.add_raw_ids(row_index.read_raw_ids(self.checkpointer.guard, self.checkpointer.step_uri(full),
-                                                         rank=self.env.rank, world_size=self.env.world_size))
+        if hasattr(self.data, "add_raw_ids"):  # the id index so far: over the chain, full checkpoint and deltas
+            chain = [self.checkpointer.step_uri(s) for s in runtime.chain_of(step, self.checkpointer.markers())]
+            self.data.add_raw_ids(row_index.read_raw_ids(self.checkpointer.guard, chain, rank=self.env.rank,
+                                                         world_size=self.env.world_size))
+            self._ids_saved = row_index.id_counts(self.data)
         if self.optimizer is not None:
             set_state_dict(
                 self.model,
@@ -307,16 +309,20 @@ class Trainer:
             started = time.perf_counter()  # training stalls from here until the state is copied
             kind = self.checkpointer.next_kind()
             self.embeddings.flush()  # tiered tables: every change in the stores, which the save streams
-            # What each row stands for (vocabulary, hashed ids read so far), saved with every checkpoint (row_index.py).
-            state, files = self.state_dict(), row_index.checkpoint_files(self.cfg, self.data, rank=self.env.rank)
+            # What each row stands for (vocabulary, raw ids read so far: a delta's since the save before), saved with
+            # every checkpoint (row_index.py).
+            state = self.state_dict()
+            files, ids_saved = row_index.checkpoint_files(
+                self.cfg, self.data, rank=self.env.rank,
+                ids_since=self._ids_saved if kind == runtime.CHECKPOINT_DELTA else None)
             sources = {f"{delta.TABLES_KEY}.{key}": field.reader() for key, field in tiered.items()}
             if kind == runtime.CHECKPOINT_DELTA:
                 tables = state.pop(delta.TABLES_KEY)
                 changes = self.embeddings.changes(self.env.rank)
                 state[delta.DELTA_KEY] = delta.extract(tables, changes, self.env.rank)
                 sources = _tier_delta(state[delta.DELTA_KEY], tiered, changes, self.env.rank)
-                files = {}  # the row index never changes: the chain's full checkpoint holds it
             self.embeddings.forget_changes()
+            self._ids_saved = ids_saved
             self.checkpointer.save(self.step, state, files, kind=kind, started=started, sources=sources)
             self._saved_step = self.step
             # A tiered table's save reads its store as it writes: training waits until it landed (a copy-on-write
