@@ -218,7 +218,8 @@ class _Indexed:
         index.rebuild()
         got_ints, got_floats = _to_owners(ints, floats, self.world_size)
         got_waiting, _ = _to_owners(waiting, torch.empty(waiting.shape[0], 0), self.world_size)
-        order = torch.from_numpy(np.argsort(got_ints[:, 0].numpy(), kind="stable"))
+        # The most used first (ties by id): where rows run out, the least used of those moved here are dropped.
+        order = torch.from_numpy(np.lexsort((got_ints[:, 0].numpy(), -got_ints[:, 1].numpy())))
         got_ints, got_floats = got_ints[order], got_floats[order]
         placed = index.take_in(got_ints[:, 0].numpy().copy(), got_ints[:, 1].numpy().astype(np.int32),
                                got_ints[:, 2].numpy().astype(np.int32))

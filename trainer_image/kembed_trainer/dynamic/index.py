@@ -436,8 +436,8 @@ class DynamicIndex:
         self.pending_changed[slots] = True
 
     def take_in(self, ids: np.ndarray, counts: np.ndarray, lasts: np.ndarray) -> np.ndarray:
-        """Rows for moved-in ids (sorted by id), lowest free first; -1 where the rank is full (those are dropped,
-        counted as evicted for capacity)."""
+        """Rows for moved-in ids, lowest free first, in the order given; -1 where the rank is full (those are
+        dropped, counted as evicted for capacity)."""
         rows = _take_in(self.keys, self.values, self.row_ids, self.use_count, self.last_used, self.changed,
                         self.free, ids, counts, lasts)
         self.stats.evicted_capacity += int(np.count_nonzero(rows < 0))
