@@ -42,6 +42,17 @@ class SpecBuilder:
                                       memory_per_node=memory)
         return self
 
+    def with_resources(self, **resources: Any) -> SpecBuilder:
+        """Any `resources` field (memory_per_node, local_disk_per_node, ...)."""
+        self.spec["resources"].update(resources)
+        return self
+
+    def with_table(self, name: str = "t0", **fields: Any) -> SpecBuilder:
+        """Fields of one of the tiny DLRM's tables (t0..t7), e.g. `num_embeddings`, or `tier={}`: tiered, its
+        cache sized from the job's memory."""
+        next(t for t in self.spec["trainer"]["embeddings"]["tables"] if t["name"] == name).update(fields)
+        return self
+
     def with_labels(self, **labels: str) -> SpecBuilder:
         """Pod labels, `kembed__io_test_x` for `kembed.io/test-x` (the fake nodes' test stages read them)."""
         self.spec["labels"] = {k.replace("__", "/").replace("_", "-"): v for k, v in labels.items()}

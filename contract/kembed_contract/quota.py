@@ -38,6 +38,7 @@ from typing import Annotated, Any
 import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
+from kembed_contract import sizing
 from kembed_contract.spec import MAX_RUN_SECONDS, QUANTITY_PATTERN, Resources, parse_quantity
 from kembed_contract.trainer_config import NumbersOnly
 
@@ -112,6 +113,10 @@ class Dimension:
             return f"{value / 2**30:.2f} GiB{self.unit.removeprefix('bytes')}"
         return f"{value:g} {self.unit}"
 
+    def number(self, value: float) -> str:
+        """An amount of it without its unit's words, where they were said nearby: `8`, `1.50 GiB`."""
+        return sizing.in_units(value) if self.stored is Stored.BYTES else f"{value:g}"
+
 
 _Jobs = Annotated[int, Field(ge=0, le=MAX_JOBS), NumbersOnly]
 
@@ -120,7 +125,7 @@ class QuotaSpec(BaseModel):
     """Limits of a tenant. Omitted or null means unlimited."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={
-        "examples": [{"gpus": 16, "cpu": 64, "memory": "256Gi", "max_running_jobs": 4, "max_queued_jobs": 100,
+        "examples": [{"gpus": 16, "cpu": 64, "memory": "256Gi", "local_disk": "2Ti", "max_running_jobs": 4, "max_queued_jobs": 100,
                       "storage": "2Ti", "max_run_seconds": 86400}]})
 
     gpus: Annotated[Annotated[int, Field(ge=0, le=MAX_GPUS), NumbersOnly] | None, Dimension(
@@ -135,6 +140,12 @@ class QuotaSpec(BaseModel):
         Stored.BYTES, unit="bytes of memory", label="Memory", used="memory_bytes", metric="memory_bytes",
         held=Held(lambda r: r.nodes * r.memory_bytes_per_node), kubernetes=("requests.memory", "limits.memory"),
     )] = Field(None, description="Memory all running jobs may hold (a quantity, e.g. 256Gi).")
+    local_disk: Annotated[Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)] | None, Dimension(
+        Stored.BYTES, unit="bytes of local disk", label="Local disk", used="local_disk_bytes",
+        metric="local_disk_bytes", held=Held(lambda r: r.nodes * r.local_disk_bytes_per_node),
+        kubernetes=("requests.ephemeral-storage",),
+    )] = Field(None, description="Nodes' local disk all running jobs may hold (a quantity, e.g. 2Ti): what their "
+               "tiered tables keep on the nodes (resources.local_disk_per_node).")
     max_running_jobs: Annotated[_Jobs | None, Dimension(
         Stored.COUNT, unit="running jobs", label="Running jobs", used="running_jobs", metric="running_jobs",
         held=Held(),

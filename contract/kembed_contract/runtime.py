@@ -5,7 +5,7 @@ import it without torch.
 - exit codes of `python -m kembed_trainer` (and of the launcher, kembed_trainer.launch, which passes the first
   failed rank's own code through instead of torchrun's blanket 1);
 - the environment a trainer reads (`KEMBED_REPORT_*`, `KEMBED_JOB_ID`, `KEMBED_TERMINATION_LOG`, `KEMBED_STORAGE_POLICY`,
-  `KEMBED_STORAGE_BUDGET_BYTES`);
+  `KEMBED_STORAGE_BUDGET_BYTES`, `KEMBED_LOCAL_DIR`, `KEMBED_MEMORY_BYTES_PER_RANK`);
 - the termination log: where a failing trainer writes its one-line reason, so the job's message is that reason;
 - the names of the records rank 0 reports (JSON lines on stdout, POSTed to the API);
 - the checkpoint layout: `<uri>/step-N/`, counting only once its `COMPLETE` marker exists; a marker says whether
@@ -33,6 +33,7 @@ __all__ = [
     "CheckpointMarker",
     "ENV_JOB_ID",
     "ENV_LOCAL_DIR",
+    "ENV_MEMORY_PER_RANK",
     "ENV_REPORT_TOKEN",
     "ENV_REPORT_URL",
     "ENV_TERMINATION_LOG",
@@ -58,6 +59,7 @@ __all__ = [
     "exit_code",
     "job_checkpoint_folder",
     "latest_checkpoint_reported",
+    "memory_per_rank",
     "node_command",
     "chain_of",
     "read_termination_message",
@@ -109,9 +111,20 @@ ENV_TERMINATION_LOG = "KEMBED_TERMINATION_LOG"  # a file: the first failing rank
 # the tenant's storage quota less what the tenant keeps elsewhere, counted by the API at launch. Unset: no limit.
 ENV_STORAGE_BUDGET = "KEMBED_STORAGE_BUDGET_BYTES"
 # A folder on the node's local disk where a trainer keeps scratch files: tiered tables' rows (kembed_trainer.tiered).
-# Set by the launcher (the operator's volume, issue 30 part 3); unset: the system's temporary folder. Never a path
-# from the job's config: a tenant does not choose where on a node the trainer writes.
+# Set by the launcher (a volume of the pod on Kubernetes, a folder under the job's on the embedded backend); unset:
+# the system's temporary folder. Never a path from the job's config: a tenant does not choose where on a node the
+# trainer writes.
 ENV_LOCAL_DIR = "KEMBED_LOCAL_DIR"
+# Bytes of memory each rank may use (its node's memory_per_node over its ranks, kembed_contract.spec.Resources), set
+# by the launcher: a tier whose cache size the config does not give gets what this leaves after the rest of the
+# job's estimate (kembed_contract.sizing.with_cache_sizes). Unset: a trainer run by hand, which must give its sizes.
+ENV_MEMORY_PER_RANK = "KEMBED_MEMORY_BYTES_PER_RANK"
+
+
+def memory_per_rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """The rank's memory in bytes (`ENV_MEMORY_PER_RANK`); None when unset."""
+    value = (os.environ if environ is None else environ).get(ENV_MEMORY_PER_RANK)
+    return None if value in (None, "") else max(0, int(value))
 
 
 def storage_budget(environ: Mapping[str, str] | None = None) -> int | None:

@@ -18,9 +18,11 @@ from typing import Annotated, Any
 from annotated_types import MaxLen
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kembed_contract import sizing
 from kembed_contract.trainer_config import NumbersOnly, TrainerConfig
 
 __all__ = [
+    "MAX_LOCAL_DISK_BYTES",
     "MAX_RUN_SECONDS",
     "MIN_CPU_PER_NODE",
     "MIN_MEMORY_PER_NODE",
@@ -64,6 +66,7 @@ LabelValue = Annotated[str, Field(max_length=256, pattern=_TEXT)]
 # No trainer process starts in less than 64Mi either: below it, a request only fails later and less clearly.
 MIN_CPU_PER_NODE = 0.01
 MIN_MEMORY_PER_NODE = "64Mi"
+MAX_LOCAL_DISK_BYTES = 2**50  # 1Pi, as memory_per_node: 256 nodes of it stay within the quota's 4Ei
 # A job's own time limit: a year at most (a tenant's quota.max_run_seconds may bound it further).
 MAX_RUN_SECONDS = 366 * 24 * 3600
 
@@ -85,12 +88,25 @@ class Resources(BaseModel):
                                 description=f"CPU cores requested per node ({MIN_CPU_PER_NODE} = 10m at least).")
     memory_per_node: str = Field("2Gi", max_length=32, pattern=QUANTITY_PATTERN,
                                  description="Memory per node as a Kubernetes quantity, e.g. 16Gi.")
+    local_disk_per_node: str | None = Field(
+        None, max_length=32, pattern=QUANTITY_PATTERN,
+        description="Local disk per node as a Kubernetes quantity, e.g. 200Gi: where the trainers keep their tiered "
+        "tables' rows (a volume of this size on Kubernetes, requested as ephemeral-storage; under the job's folder "
+        "on the embedded backend). Unset: what the job's tiered tables need (their rows and a headroom), none "
+        "without them; set: at least that.")
 
     @field_validator("memory_per_node")
     @classmethod
     def _memory_is_quantity(cls, value: str) -> str:
         if not parse_quantity(MIN_MEMORY_PER_NODE) <= parse_quantity(value) <= 2**50:
             raise ValueError(f"must be at least {MIN_MEMORY_PER_NODE} and at most 1Pi")
+        return value
+
+    @field_validator("local_disk_per_node")
+    @classmethod
+    def _disk_is_quantity(cls, value: str | None) -> str | None:
+        if value is not None and not 0 <= parse_quantity(value) <= MAX_LOCAL_DISK_BYTES:
+            raise ValueError("must be at most 1Pi")
         return value
 
     @model_validator(mode="after")
@@ -111,6 +127,17 @@ class Resources(BaseModel):
     @property
     def memory_bytes_per_node(self) -> int:
         return int(parse_quantity(self.memory_per_node))
+
+    @property
+    def memory_bytes_per_rank(self) -> int:
+        """A rank's share of its node's memory: what the estimate of one rank must fit, and what its launcher
+        tells the trainer (runtime.ENV_MEMORY_PER_RANK) to size tier caches from."""
+        return self.memory_bytes_per_node // (self.procs_per_node or 1)
+
+    @property
+    def local_disk_bytes_per_node(self) -> int:
+        """Local disk one node holds (0: none asked for)."""
+        return 0 if self.local_disk_per_node is None else int(parse_quantity(self.local_disk_per_node))
 
 
 class JobSpec(BaseModel):
@@ -160,6 +187,27 @@ class JobSpec(BaseModel):
         description=f"Free-form labels shown with the job: at most {_MAX_LABELS}, keys up to 128 characters "
         "(letters, digits, '-', '_', '.', '/'), values up to 256.")
     trainer: TrainerConfig = Field(description="The trainer's configuration (see docs/job-spec.md).")
+
+    @model_validator(mode="after")
+    def _local_disk_for_tiers(self) -> JobSpec:
+        """`resources.local_disk_per_node` is at least what the job's tiered tables need (sizing); unset, it becomes
+        that, so that what a job requests, what the quota counts and what a node provides are one number."""
+        r = self.resources
+        if not isinstance(r, Resources) or not isinstance(self.trainer, TrainerConfig):
+            return self  # a spec as stored, read unchecked (read_stored), handed to another model
+        needed = sizing.local_disk_bytes_per_node(self.trainer, procs_per_node=r.procs_per_node or 1,
+                                                  world_size=r.num_processes)
+        if needed == 0:
+            return self
+        if r.local_disk_per_node is None:
+            r.local_disk_per_node = f"{-(-needed // 2**20)}Mi"
+        elif r.local_disk_bytes_per_node < needed:
+            raise ValueError(
+                f"resources.local_disk_per_node: the job's tiered tables need {sizing.in_units(needed)} of local "
+                f"disk per node (their rows on {r.procs_per_node} rank(s) and "
+                f"{sizing.in_units(sizing.LOCAL_DISK_HEADROOM_BYTES)} of headroom), more than "
+                f"{r.local_disk_per_node}; give at least {-(-needed // 2**20)}Mi, or leave it unset")
+        return self
 
     def canonical_hash(self) -> str:
         """SHA-256 of the spec as validated: the same request whatever its key order, spacing or spelled-out

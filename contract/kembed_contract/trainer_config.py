@@ -68,14 +68,17 @@ TIER_BYTES_PER_ROW = 7  # a tiered table's bookkeeping per row: slot (int32), us
 
 class TierConfig(_Strict):
     """A tiered table: all its rows and their optimizer state on the node's local disk, the hot ones cached in
-    memory (docs/trainer.md, tiered tables). Give the cache as rows or as MB, not both.
+    memory (docs/trainer.md, tiered tables). Give the cache as rows or as MB, or neither: then it gets what the
+    job's memory leaves (`kembed_contract.sizing.with_cache_sizes`).
 
     This section makes a table of the `tiered` table kind (`kembed_contract.kinds.tables.tiered`).
     """
 
     cache_rows: _int(1, MAX_ROWS) | None = Field(
         None, description="Rows of this table each rank's cache holds (each with its optimizer state). It must "
-        "hold every distinct row of two steps at once: the one training and the next, fetched meanwhile.")
+        "hold every distinct row of two steps at once: the one training and the next, fetched meanwhile. Neither "
+        "this nor cache_mb: the cache gets what resources.memory_per_node leaves per rank after the rest of the "
+        "job's memory estimate.")
     cache_mb: _float(gt=0, le=2**30) | None = Field(
         None, description="Each rank's cache as MB of rows and their optimizer state, instead of cache_rows.")
     io_threads: _int(1, 64) = Field(
@@ -83,27 +86,40 @@ class TierConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_size(self) -> TierConfig:
-        if (self.cache_rows is None) == (self.cache_mb is None):
-            raise ValueError("give the cache's size as cache_rows or cache_mb (one of them)")
+        if self.cache_rows is not None and self.cache_mb is not None:
+            raise ValueError("give the cache's size as cache_rows or cache_mb, not both (neither: sized from "
+                             "the job's memory)")
         return self
+
+    @property
+    def sized_by_job(self) -> bool:
+        """The cache's size is not given: it is what the job's memory leaves (kembed_contract.sizing)."""
+        return self.cache_rows is None and self.cache_mb is None
+
+    @staticmethod
+    def row_bytes(table: TableConfig, optimizer: str) -> int:
+        """Bytes of one row in the cache and in the tier's records: its weight and its optimizer state (float32)."""
+        dim = table.embedding_dim
+        return 4 * (dim + round(dim * runtime.OPTIMIZER_STATE_FLOATS[optimizer](dim)))
 
     def cache_rows_for(self, table: TableConfig, optimizer: str, *, world_size: int = 1) -> int:
         """Rows of `table` each rank caches: `cache_rows`, or `cache_mb` over a row's weight and optimizer state;
-        at most the rank's rows."""
+        at most the rank's rows. A cache sized by the job is sized first (`kembed_contract.sizing.with_cache_sizes`,
+        which gives it in rows)."""
         rows = -(-table.num_embeddings // world_size)
         if self.cache_rows is not None:
             return min(self.cache_rows, rows)
-        dim = table.embedding_dim
-        row_bytes = 4 * dim * (1 + runtime.OPTIMIZER_STATE_FLOATS[optimizer](dim))
-        return max(1, min(int(self.cache_mb * 2**20 / row_bytes), rows))
+        if self.cache_mb is None:
+            raise ValueError(f"table {table.name}: its tier's cache is sized from the job's memory, which is not "
+                             "known here (kembed_contract.sizing.with_cache_sizes sizes it)")
+        return max(1, min(int(self.cache_mb * 2**20 / self.row_bytes(table, optimizer)), rows))
 
     def memory_bytes(self, table: TableConfig, optimizer: str, *, world_size: int = 1) -> float:
         """Memory one rank holds for a tiered `table`: its cache of rows with their optimizer state, and per row
         of the rank's (cached or not) a slot number, a use count and a changed flag (7 bytes)."""
-        dim = table.embedding_dim
-        row_bytes = 4 * dim * (1 + runtime.OPTIMIZER_STATE_FLOATS[optimizer](dim))
         rows = -(-table.num_embeddings // world_size)
-        return self.cache_rows_for(table, optimizer, world_size=world_size) * row_bytes + rows * TIER_BYTES_PER_ROW
+        cached = self.cache_rows_for(table, optimizer, world_size=world_size)
+        return cached * self.row_bytes(table, optimizer) + rows * TIER_BYTES_PER_ROW
 
 
 # A dynamic table's id index per row (kembed_trainer.dynamic): the row's raw id (int64), its use count and the step

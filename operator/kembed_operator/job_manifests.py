@@ -8,6 +8,8 @@
 - A gang of several nodes gets a headless Service: pod `<job>-<i>` of the Indexed Job gets host name `<job>-<i>`
   under the Service `<job>`, so every node finds rank 0's rendezvous store at `<job>-0.<job>`; each pod's node
   rank is its completion index. A one-node job rendezvouses on its own pod (127.0.0.1) and gets no Service.
+- A job with local disk (resources.local_disk_per_node: its tiered tables' rows) gets a volume of that size in each
+  pod, mounted at `LOCAL_MOUNT` and named to the trainer in runtime.ENV_LOCAL_DIR.
 """
 
 from __future__ import annotations
@@ -22,10 +24,14 @@ from kembed_contract.storage_policy import POLICY_ENV
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import ATTEMPT_LABEL, INDEX_ANNOTATION, JOB_LABEL
 
-__all__ = ["CONFIG_FILE", "CONFIG_MOUNT", "S3_SECRET", "TrainerFiles", "batch_job", "config_map", "owner_reference",
+__all__ = ["CONFIG_FILE", "CONFIG_MOUNT", "LOCAL_MOUNT", "LOCAL_VOLUME", "S3_SECRET", "TrainerFiles", "batch_job", "config_map", "owner_reference",
            "service", "side_children", "trainer_files"]
 
 CONFIG_MOUNT = "/etc/kembed"
+# The pod's local disk for its trainers (runtime.ENV_LOCAL_DIR): their tiered tables' rows, on a volume of its own,
+# never the container's root file system.
+LOCAL_MOUNT = "/var/lib/kembed/local"
+LOCAL_VOLUME = "local"
 # JSON, which the trainer reads by this extension: written for every gang, and PyYAML's representer (even with
 # libyaml's emitter) was a tenth of the operator's profile at scale.
 CONFIG_FILE = "config.json"
@@ -109,14 +115,33 @@ def _user_labels(labels: dict[str, str]) -> dict[str, str]:
             and k not in (JOB_LABEL, ATTEMPT_LABEL, TENANT_LABEL)}
 
 
-def _resources(spec: resources.EmbeddingJobSpec) -> dict[str, Any]:
+def _resources(spec: resources.EmbeddingJobSpec, settings: OperatorSettings) -> dict[str, Any]:
     res = spec.resources
     cpu = f"{int(res.cpu_per_node * 1000)}m"
     amounts = {"cpu": cpu, "memory": res.memory_per_node}
     if res.gpus_per_node:
         amounts["nvidia.com/gpu"] = str(res.gpus_per_node)
+    if res.local_disk_per_node and settings.local_disk_storage_class is None:
+        # The emptyDir, the container's writable layer and its logs: all of it counts in ephemeral-storage.
+        amounts["ephemeral-storage"] = res.local_disk_per_node
     # Requests = limits: a training rank that bursts past its request only slows its peers in the gang.
-    return {"requests": dict(amounts), "limits": dict(amounts)}
+    requests, limits = dict(amounts), dict(amounts)
+    # A namespace whose quota limits local disk admits only pods that request some: these ask for none.
+    requests.setdefault("ephemeral-storage", "0")
+    return {"requests": requests, "limits": limits}
+
+
+def _local_volume(spec: resources.EmbeddingJobSpec, settings: OperatorSettings) -> dict[str, Any]:
+    """The pod's local disk, resources.local_disk_per_node: an emptyDir of that size (its sizeLimit; the kubelet
+    evicts a pod past it), or a generic ephemeral volume of the platform's StorageClass for local disks."""
+    size = spec.resources.local_disk_per_node
+    if settings.local_disk_storage_class is None:
+        return {"name": LOCAL_VOLUME, "emptyDir": {"sizeLimit": size}}
+    return {"name": LOCAL_VOLUME, "ephemeral": {"volumeClaimTemplate": {
+        "metadata": {"labels": {"app.kubernetes.io/managed-by": "kembed-operator"}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": settings.local_disk_storage_class,
+                 "resources": {"requests": {"storage": size}}},
+    }}}
 
 
 def _env(name: str, spec: resources.EmbeddingJobSpec, settings: OperatorSettings,
@@ -126,9 +151,13 @@ def _env(name: str, spec: resources.EmbeddingJobSpec, settings: OperatorSettings
          "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}},
         {"name": runtime.ENV_JOB_ID, "value": name},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        # What a rank may use, for tiers whose cache the job's memory sizes (kembed_contract.sizing).
+        {"name": runtime.ENV_MEMORY_PER_RANK, "value": str(spec.resources.memory_bytes_per_rank)},
         # The trainer writes why it failed there; the kubelet puts it in the pod's status for the exit policy.
         {"name": runtime.ENV_TERMINATION_LOG, "value": runtime.TERMINATION_LOG_PATH},
     ]
+    if spec.resources.local_disk_per_node:
+        env.append({"name": runtime.ENV_LOCAL_DIR, "value": LOCAL_MOUNT})
     if spec.report_url:
         env.append({"name": runtime.ENV_REPORT_URL, "value": spec.report_url})
     if spec.storage_budget_bytes is not None:
@@ -189,7 +218,7 @@ def batch_job(name: str, namespace: str, uid: str, tenant: str, spec: resources.
             "terminationMessagePolicy": "File",
             "envFrom": [{"secretRef": {"name": S3_SECRET, "optional": True}}],
             "ports": [{"name": "rendezvous", "containerPort": settings.rendezvous_port}],
-            "resources": _resources(spec),
+            "resources": _resources(spec, settings),
             "securityContext": {
                 "allowPrivilegeEscalation": False, "privileged": False, "runAsNonRoot": True,
                 "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
@@ -205,6 +234,9 @@ def batch_job(name: str, namespace: str, uid: str, tenant: str, spec: resources.
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
         ],
     }
+    if res.local_disk_per_node:
+        pod_spec["volumes"].append(_local_volume(spec, settings))
+        pod_spec["containers"][0]["volumeMounts"].append({"name": LOCAL_VOLUME, "mountPath": LOCAL_MOUNT})
     if gang:
         pod_spec["subdomain"] = name
     if node_selector:

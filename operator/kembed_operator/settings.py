@@ -65,6 +65,14 @@ class OperatorSettings(MintingSettings, BaseSettings):
         default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         description="Tolerations for pods that request GPUs; the default matches the usual GPU node taint.",
     )
+    local_disk_storage_class: str | None = Field(
+        None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="Where a trainer pod's local disk (resources.local_disk_per_node: its tiered tables' rows) "
+        "lives. Unset: an emptyDir of that size on the node's own ephemeral storage, requested and limited as "
+        "ephemeral-storage (counted by the namespace's ResourceQuota). Set: a generic ephemeral volume claimed "
+        "from this StorageClass (local NVMe through a local-volume provisioner, say), made and deleted with the "
+        "pod; its size is the claim's, which the tenant's local_disk quota counts in the API's admission only.",
+    )
     rendezvous_port: int = Field(29500, description="Port of rank 0's rendezvous store (torchrun --master-port).")
     stop_grace_s: int = Field(
         120,

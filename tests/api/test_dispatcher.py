@@ -455,3 +455,27 @@ def test_a_job_launched_with_no_storage_left_fails_at_once_and_one_with_some_is_
     dispatcher.run_once()
     assert state_of(db, late) == (JobState.FAILED, "StorageQuotaExceeded")
     assert late not in backend.started_ids()
+
+
+def test_a_job_the_backend_cannot_start_fails_with_its_reason_and_frees_its_admission(db, backend, dispatcher,
+                                                                                      monkeypatch):
+    """The embedded backend's disk filled between submission and dispatch (backends.local): the job fails, saying
+    why, instead of retrying forever with its admission held; the next job starts."""
+    from kembed_api.backends.base import CannotStart
+
+    full = submit(db, make_spec("full").with_nodes(1, 4))
+    after = submit(db, make_spec("after").with_nodes(1, 4))
+    start = backend.start
+
+    def refuse_full(launch):
+        if launch.job_id == full:
+            raise CannotStart("the job's tiered tables need 600 MiB of local disk, 1 MiB free", reason="LocalDiskFull")
+        return start(launch)
+
+    monkeypatch.setattr(backend, "start", refuse_full)
+    dispatcher.run_once()
+    assert state_of(db, full) == (JobState.FAILED, "LocalDiskFull")
+    with db.session() as session:
+        assert "600 MiB of local disk" in session.query(Job).filter_by(id=full).one().message
+    dispatcher.run_once()
+    assert backend.started_ids() == [after]

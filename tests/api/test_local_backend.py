@@ -10,9 +10,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kembed_api.app import create_app
-from kembed_api.backends import node_logs
-from kembed_api.backends.base import Launch
+from kembed_api.backends import local_disk, node_logs
+from kembed_api.backends.base import CannotStart, Launch, NotReady
 from kembed_api.backends.local import LocalBackend
+from kembed_api.platform.confinement import node_processes
 from kembed_api.platform.settings import Settings
 from kembed_api.quota.admission import Quota
 from kembed_contract.spec import JobSpec
@@ -127,3 +128,69 @@ def test_a_file_the_server_writes_into_a_job_folder_never_follows_a_planted_link
     local._write_anew(planted, "model: {}\n")
     assert secret.read_text() == "the platform's secret"
     assert not planted.is_symlink() and planted.read_text() == "model: {}\n"
+
+
+# ---- local disk: tiered tables' rows under the job's folder ---------------------------------------------------
+def _tiered_spec(name: str = "tier", *, nodes: int = 1) -> JobSpec:
+    """The tiny DLRM with t0 (1M rows, 36 bytes each) tiered: its rows and 256 MiB of headroom per node."""
+    return JobSpec.model_validate(make_spec(name).with_nodes(nodes).with_table(
+        "t0", num_embeddings=1_000_000, tier={"cache_rows": 10_000}).build())
+
+
+def test_a_tier_larger_than_the_data_dirs_free_disk_is_refused_naming_the_field(tmp_path):
+    spec = _tiered_spec(nodes=2)
+    needed = 2 * spec.resources.local_disk_bytes_per_node
+    LocalBackend(data_dir=tmp_path, slots=4, free_disk=lambda path: needed).check_fits(spec)  # just enough
+    small = LocalBackend(data_dir=tmp_path, slots=4, free_disk=lambda path: needed - 1)
+    with pytest.raises(ValueError, match=r"^resources.local_disk_per_node: the job asks for 548.0 MiB of local "
+                                         r"disk in all \(2 node\(s\) x 274Mi, its tiered tables' rows\) but the "
+                                         r"disk of this server's data dir has 548.0 MiB free$"):
+        small.check_fits(spec)
+
+
+def test_a_start_after_the_disk_filled_is_refused_and_leaves_nothing_running(tmp_path):
+    """Accepted while the disk had room, the job finds it full at dispatch: it cannot start, and no trainer runs."""
+    free = {"bytes": 2**40}
+    backend = LocalBackend(data_dir=tmp_path, slots=4, free_disk=lambda path: free["bytes"])
+    spec = _tiered_spec()
+    backend.check_fits(spec)
+    free["bytes"] = 2**20
+    with pytest.raises(CannotStart, match="the job's tiered tables need .* of local disk .* 1.0 MiB free, even once "
+                                          "this server's other jobs end") as refused:
+        backend.start(Launch(job_id="tier-a1b2c", tenant="t", spec=spec, attempt=1, report_url="http://127.0.0.1:9",
+                             report_token="t"))
+    assert refused.value.reason == "LocalDiskFull"
+    assert backend.poll("tier-a1b2c").reason == "Lost"  # no gang was started
+
+
+@pytest.mark.slow
+def test_a_tiered_job_waits_for_disk_promised_to_a_running_one_and_counts_what_that_one_wrote(tmp_path):
+    """Room for one and a half tiered jobs: the second waits (NotReady) for the first, before and after the
+    first has written its tier; it is not refused as if the disk had filled, because the first's files, unlinked,
+    still show through its open descriptors and will be freed when it ends."""
+    rows = 10_000_000  # 343 MiB of rows, 600 MiB asked with the headroom
+    first = JobSpec.model_validate(make_spec("first").with_steps(100_000, checkpoint_every=0).with_table(
+        "t0", num_embeddings=rows, tier={"cache_rows": 10_000}).build())
+    need = first.resources.local_disk_bytes_per_node
+    free = {"bytes": need * 3 // 2}
+    backend = LocalBackend(data_dir=tmp_path, slots=4, stop_grace_s=10, free_disk=lambda path: free["bytes"])
+    with report_sink() as url:
+        backend.start(Launch(job_id="first-a1b2c", tenant="t", spec=first, attempt=1, report_url=url,
+                             report_token="t"))
+        try:
+            second = Launch(job_id="second-d3e4f", tenant="t", spec=first, attempt=1, report_url=url,
+                            report_token="t")
+            with pytest.raises(NotReady, match="promised to running jobs' tiers"):
+                backend.start(second)
+            folder = tmp_path / "jobs" / "first-a1b2c" / "local"
+            gang = backend._gangs["first-a1b2c"]
+            deadline = time.monotonic() + 180
+            while (written := local_disk.written_bytes(
+                    [p for proc in gang.processes for p in node_processes(proc.pid)], folder)) < rows * 36:
+                assert time.monotonic() < deadline, backend.read_logs("first-a1b2c", tail_lines=20)
+                time.sleep(0.2)
+            free["bytes"] -= written  # what the first's tier took of the disk
+            with pytest.raises(NotReady, match="promised to running jobs' tiers"):
+                backend.start(second)
+        finally:
+            backend.shutdown()

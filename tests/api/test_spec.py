@@ -57,7 +57,7 @@ def test_quantities_parse_like_kubernetes(text, value):
 
 
 def test_the_table_memory_estimate_splits_sharded_tables_across_ranks():
-    from kembed_api.jobs.estimates import table_memory_bytes_per_rank
+    from kembed_contract.sizing import table_memory_bytes_per_rank
 
     spec = make_spec().build()
     spec["trainer"]["embeddings"]["tables"][0].update(num_embeddings=1000, embedding_dim=8, sharding="row_wise")
@@ -69,7 +69,7 @@ def test_the_table_memory_estimate_splits_sharded_tables_across_ranks():
 
 def test_a_tiered_table_is_estimated_at_its_cache_not_its_rows():
     """A table of 150M rows on disk asks a rank for its cache and 7 bytes a row of bookkeeping, not its rows."""
-    from kembed_api.jobs.estimates import table_memory_bytes_per_rank
+    from kembed_contract.sizing import table_memory_bytes_per_rank
 
     spec = make_spec().build()
     spec["trainer"]["embeddings"]["tables"][0].update(num_embeddings=150_000_000, tier={"cache_rows": 1_000_000})
@@ -106,7 +106,7 @@ def test_a_dynamic_table_is_estimated_at_its_rows_and_its_index():
 
 def test_a_spec_with_only_data_and_kind_is_stored_and_estimated_with_its_kinds_defaults():
     """The API validates, stores (the dump) and estimates what the trainer will run: the kind's defaults."""
-    from kembed_api.jobs.estimates import memory_per_rank, table_memory_bytes_per_rank
+    from kembed_contract.sizing import memory_per_rank, table_memory_bytes_per_rank
 
     spec = make_spec("w2v").build()
     spec["trainer"] = {
@@ -138,8 +138,8 @@ def test_the_memory_estimate_counts_what_evaluation_holds():
     square."""
     import yaml
 
-    from kembed_api.jobs.estimates import memory_per_rank
     from kembed_contract import runtime
+    from kembed_contract.sizing import memory_per_rank
     from tests.builders import REPO
 
     trainer = yaml.safe_load((REPO / "trainer_image/examples/two-tower-retrieval.yaml").read_text())

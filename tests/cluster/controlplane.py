@@ -123,11 +123,15 @@ class ClusterConfig:
     gpus_per_node: int = 8
     gpu_node_cpu: str = "96"
     gpu_node_memory: str = "1024Gi"
+    # Local disk (ephemeral-storage) a node offers pods: what jobs with tiered tables request. The local node's is
+    # advertised, not checked against the test machine's disk (tests keep their tiers small).
+    gpu_node_disk: str = "3500Gi"
     # The local node advertises fake GPUs too, so a GPU-requesting job can be pinned there (toleration +
     # nodeSelector) and really run on CPU; its taint keeps everything else away.
     local_node_gpus: int = 8
     local_node_cpu: str = "16"
     local_node_memory: str = "64Gi"
+    local_node_disk: str = "100Gi"
     # Extra kube-apiserver flags, after the defaults (the last of a repeated flag wins), e.g. ("--profiling=true",)
     # for benchmarks/operator_scale.py --pprof.
     apiserver_flags: tuple[str, ...] = ()
@@ -217,6 +221,7 @@ def gpu_node_manifest(
     capacity = {
         "cpu": config.gpu_node_cpu,
         "memory": config.gpu_node_memory,
+        "ephemeral-storage": config.gpu_node_disk,
         "pods": "110",
         GPU_RESOURCE: str(config.gpus_per_node),
     }
@@ -548,6 +553,7 @@ class ControlPlane:
                 f"--taint={LOCAL_NODE_TAINT_KEY}=true:NoSchedule",
                 f"--capacity=cpu={cfg.local_node_cpu}",
                 f"--capacity=memory={cfg.local_node_memory}",
+                f"--capacity=ephemeral-storage={cfg.local_node_disk}",
                 f"--capacity={GPU_RESOURCE}={cfg.local_node_gpus}",
                 "--capacity=pods=110",
             ],

@@ -18,7 +18,7 @@ from kembed_operator import tenant_manifests
 def test_every_dimension_of_the_model_is_a_column_of_the_type_it_is_stored_as():
     types = {Stored.COUNT: Integer, Stored.CORES: Float, Stored.BYTES: BigInteger}
     stored = QuotaSpec.stored()
-    assert set(stored) == {"gpus", "cpu", "memory_bytes", "max_running_jobs", "max_queued_jobs", "storage_bytes",
+    assert set(stored) == {"gpus", "cpu", "memory_bytes", "local_disk_bytes", "max_running_jobs", "max_queued_jobs", "storage_bytes",
                            "max_run_seconds"}
     quota_columns = {c.name: c for c in Tenant.__table__.columns if c.name.startswith("quota_")}
     assert set(quota_columns) == {f"quota_{amount}" for amount in stored}
@@ -30,7 +30,7 @@ def test_every_dimension_of_the_model_is_a_column_of_the_type_it_is_stored_as():
 def test_what_each_job_holds_is_a_column_per_dimension_running_jobs_hold():
     types = {Stored.COUNT: Integer, Stored.CORES: Float, Stored.BYTES: BigInteger}
     held = {d.used: d for d in QuotaSpec.held()}
-    assert set(held) == {"gpus", "cpu", "memory_bytes", "running_jobs"}
+    assert set(held) == {"gpus", "cpu", "memory_bytes", "local_disk_bytes", "running_jobs"}
     columns = Job.__table__.columns
     for name, dimension in held.items():
         if dimension.counts_jobs:  # each job holds one: no column
@@ -70,10 +70,11 @@ def test_the_api_and_the_tenant_resource_refuse_the_same_quotas(bad):
 
 
 def test_amounts_round_trip_through_the_columns():
-    quota = QuotaSpec(gpus=8, cpu=12.5, memory="96Gi", max_running_jobs=3, max_queued_jobs=50, storage="2Gi",
-                      max_run_seconds=3600)
-    assert quota.amounts() == {"gpus": 8, "cpu": 12.5, "memory_bytes": 96 * 2**30, "max_running_jobs": 3,
-                               "max_queued_jobs": 50, "storage_bytes": 2 * 2**30, "max_run_seconds": 3600}
+    quota = QuotaSpec(gpus=8, cpu=12.5, memory="96Gi", local_disk="1024Gi", max_running_jobs=3, max_queued_jobs=50,
+                      storage="2Gi", max_run_seconds=3600)
+    assert quota.amounts() == {"gpus": 8, "cpu": 12.5, "memory_bytes": 96 * 2**30, "local_disk_bytes": 2**40,
+                               "max_running_jobs": 3, "max_queued_jobs": 50, "storage_bytes": 2 * 2**30,
+                               "max_run_seconds": 3600}
     assert QuotaSpec.from_amounts(quota.amounts()) == quota
     assert QuotaSpec.from_amounts({}) == QuotaSpec()  # nothing set: unlimited
 
@@ -89,6 +90,12 @@ def test_in_a_cohort_the_namespace_quota_is_the_nominal_quota_plus_the_borrowing
     assert tenant_manifests.quota("a", shared)["spec"]["hard"] == {
         "requests.nvidia.com/gpu": "12", "requests.cpu": "16.5", "limits.cpu": "16.5"}
     assert tenant_manifests.quota("a", resources.TenantSpec())["spec"]["hard"] == {}  # unlimited
+
+
+def test_local_disk_is_the_namespaces_quota_of_ephemeral_storage_requests():
+    """What trainer pods request for their tiers' volumes (job_manifests) is what the cluster counts."""
+    disks = resources.TenantSpec(quota=QuotaSpec(local_disk="2Ti"))
+    assert tenant_manifests.quota("a", disks)["spec"]["hard"] == {"requests.ephemeral-storage": "2Ti"}
 
 
 def test_a_patch_changes_only_the_fields_it_gives_and_an_explicit_null_clears_one():

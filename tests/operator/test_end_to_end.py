@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Callable
 
 import pytest
 
+from kembed_api.platform.confinement import node_processes
 from kembed_api.platform.ports import free_port
+from kembed_operator import job_manifests
 from kembed_operator.settings import OperatorSettings
 from tests.builders import operator_job
 from tests.cluster import controlplane
@@ -74,14 +77,13 @@ def _kill_pod_processes(cluster: Cluster, pod) -> None:
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
-@pytest.mark.images
-def test_a_two_node_cpu_gang_in_the_trainer_image_survives_a_killed_pod_and_resumes_from_its_s3_checkpoint(
-        platform: Cluster, s3_server, image_operator, make_tenant):
+def _gang_survives_a_killed_pod(platform: Cluster, s3_server, make_tenant, builder,
+                                on_running: Callable[[list], None] = lambda gang: None) -> None:
+    """The 2-node job `builder` makes trains to a first checkpoint in S3, loses a pod (SIGKILL), restarts from that
+    checkpoint and succeeds. `on_running(gang)` looks at each attempt's running pods."""
     s3_server.create_bucket("kembed-test")
     tenant, namespace = make_tenant()
-    job = (operator_job("e2e").with_nodes(2).with_cpu_only(procs_per_node=1, cpu=1, memory="2Gi").with_max_restarts(2)
-           .with_trainer(training={"steps": STEPS, "log_every": 50, "threads": 1}, checkpoint={"every_steps": 50})
-           .create(platform, tenant))
+    job = builder.create(platform, tenant)
 
     wait_phase(platform, namespace, job, "RUNNING", timeout_s=120)
     checkpointed = wait_for(lambda: (harness.job_status(platform, namespace, job).get("latestCheckpoint") or {}).get(
@@ -93,6 +95,7 @@ def test_a_two_node_cpu_gang_in_the_trainer_image_survives_a_killed_pod_and_resu
     gang = sorted(job_pods(platform, namespace, job), key=lambda p: p.metadata.name)
     assert len(gang) == 2, (harness.job_status(platform, namespace, job),
                             [(p.metadata.name, p.status.phase) for p in gang])
+    on_running(gang)
     victim = gang[1]
     _kill_pod_processes(platform, victim)
 
@@ -101,8 +104,9 @@ def test_a_two_node_cpu_gang_in_the_trainer_image_survives_a_killed_pod_and_resu
         (e.last_timestamp, e.reason, e.message) for e in harness.events_of(platform, namespace, job)]
     assert "137 (SIGKILL)" in restarting["message"]
     wait_phase(platform, namespace, job, "RUNNING", timeout_s=180)
-    rank0 = next(p for p in job_pods(platform, namespace, job)
-                 if p.metadata.labels["kembed.io/attempt"] == "1" and p.metadata.name.startswith(f"{job}-0-"))
+    resumed = sorted((p for p in job_pods(platform, namespace, job) if p.metadata.labels["kembed.io/attempt"] == "1"),
+                     key=lambda p: p.metadata.name)
+    rank0 = next(p for p in resumed if p.metadata.name.startswith(f"{job}-0-"))
 
     def started_record():
         for line in platform.pod_log(namespace, rank0.metadata.name).splitlines():
@@ -115,11 +119,65 @@ def test_a_two_node_cpu_gang_in_the_trainer_image_survives_a_killed_pod_and_resu
     except TimeoutError:  # what the resumed rank 0 said instead
         raise AssertionError(platform.pod_log(namespace, rank0.metadata.name)[-3000:]) from None
     assert started["resumed_from"] and started["step"] >= first_checkpoint["step"], started
+    on_running(resumed)
 
     done = wait_phase(platform, namespace, job, "SUCCEEDED", "FAILED", timeout_s=600)
     assert done["phase"] == "SUCCEEDED", done
     assert done["restartCount"] == 1 and done["progress"]["percent"] == 100
     assert done["latestCheckpoint"]["uri"].endswith(f"/step-{STEPS}")
+
+
+def _gang(name: str):
+    return (operator_job(name).with_nodes(2).with_cpu_only(procs_per_node=1, cpu=1, memory="2Gi").with_max_restarts(2)
+            .with_trainer(training={"steps": STEPS, "log_every": 50, "threads": 1}, checkpoint={"every_steps": 50}))
+
+
+@pytest.mark.images
+def test_a_two_node_cpu_gang_in_the_trainer_image_survives_a_killed_pod_and_resumes_from_its_s3_checkpoint(
+        platform: Cluster, s3_server, image_operator, make_tenant):
+    _gang_survives_a_killed_pod(platform, s3_server, make_tenant, _gang("e2e"))
+
+
+def _tier_files_of(platform: Cluster, pod) -> list[tuple[str, str]]:
+    """(the file as the trainer names it, where its folder is mounted from) for each tier file the pod's trainers
+    hold open: /proc of the container's processes, as the host sees them (the files are unlinked at open, so no
+    listing of the volume shows them), and the mount that holds the file, from the same process's mountinfo."""
+    pod_dir = platform.run_dir / "kubelet" / "pods" / pod.metadata.uid
+    init = int(next(pod_dir.glob("*.pid")).read_text())
+    found = []
+    for pid in node_processes(init):
+        try:
+            held = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            with open(f"/proc/{pid}/mountinfo") as table:
+                mounts = {line.split()[4]: line.split()[3] for line in table}  # mount point: its root
+        except OSError:  # ended meanwhile
+            continue
+        for path in held:
+            if "/kembed-tier-" in path:
+                folder = os.path.dirname(path)
+                found.append((path, mounts.get(folder, "")))
+    return found
+
+
+@pytest.mark.images
+def test_a_tiered_gang_keeps_its_rows_on_each_pods_volume_and_resumes_after_a_killed_pod(
+        platform: Cluster, s3_server, image_operator, make_tenant):
+    """Table t0 tiered, its cache sized from the pod's memory: each trainer's tier file is on its pod's own
+    volume (the emptyDir the kubelet keeps under the pod's folder), never the container's root file system, before
+    and after a pod is killed and the gang resumes from S3."""
+    def tiers_on_the_pods_volumes(gang: list) -> None:
+        for pod in gang:
+            volume = platform.run_dir / "kubelet" / "pods" / pod.metadata.uid / "volumes" / job_manifests.LOCAL_VOLUME
+            files = wait_for(lambda pod=pod: _tier_files_of(platform, pod), timeout_s=60, interval_s=0.5,
+                             what=f"the tier file of {pod.metadata.name}")
+            for path, source in files:
+                assert path.startswith(f"{job_manifests.LOCAL_MOUNT}/kembed-tier-") and path.endswith(" (deleted)")
+                # The bind mount's root is the volume's folder (a path within its file system: a suffix of it).
+                assert source and str(volume).endswith(source) and source.endswith(
+                    f"/{pod.metadata.uid}/volumes/{job_manifests.LOCAL_VOLUME}"), (source, volume)
+
+    _gang_survives_a_killed_pod(platform, s3_server, make_tenant, _gang("tier").with_table("t0", tier={}),
+                                on_running=tiers_on_the_pods_volumes)
 
 
 def test_a_one_node_job_trains_from_the_files_in_its_pod_annotations(platform: Cluster, s3_server, local_operator,

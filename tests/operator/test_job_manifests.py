@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from kembed_contract import resources
+import pytest
+
+from kembed_contract import resources, runtime, sizing
 from kembed_operator import job_manifests
 from kembed_operator.settings import OperatorSettings
 from tests.builders import SpecBuilder, operator_job
@@ -17,8 +19,8 @@ def _spec(builder: SpecBuilder) -> resources.EmbeddingJobSpec:
     return resources.EmbeddingJobSpec.model_validate(builder.manifest("acme")["spec"])
 
 
-def _children(builder: SpecBuilder) -> tuple[dict, list[dict]]:
-    spec, settings = _spec(builder), OperatorSettings()
+def _children(builder: SpecBuilder, **settings) -> tuple[dict, list[dict]]:
+    spec, settings = _spec(builder), OperatorSettings(**settings)
     files = job_manifests.trainer_files(spec, default_checkpoint_uri=CHECKPOINTS)
     return (job_manifests.batch_job(*ARGS, spec, attempt=0, settings=settings, files=files),
             job_manifests.side_children(*ARGS, spec, files, settings))
@@ -79,8 +81,6 @@ def test_a_config_too_large_for_annotations_goes_into_a_config_map():
 
 
 def test_the_trainers_are_told_their_storage_budget_when_the_api_gives_one():
-    from kembed_contract import runtime
-
     def env_of(manifest: dict) -> dict:
         spec = resources.EmbeddingJobSpec.model_validate(manifest["spec"])
         files = job_manifests.trainer_files(spec, default_checkpoint_uri=CHECKPOINTS)
@@ -91,3 +91,54 @@ def test_the_trainers_are_told_their_storage_budget_when_the_api_gives_one():
     budgeted = resources.embedding_job_manifest("demo", "acme", spec, storage_budget_bytes=5 * 2**30)
     assert env_of(budgeted)[runtime.ENV_STORAGE_BUDGET] == str(5 * 2**30)
     assert runtime.ENV_STORAGE_BUDGET not in env_of(resources.embedding_job_manifest("demo", "acme", spec))
+
+
+def _env(job: dict) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def tiered_job(name: str) -> SpecBuilder:
+    """Two nodes of two ranks each, table t0 (2M rows of 8 floats and row-wise Adagrad's 1: 36 bytes) tiered."""
+    return (operator_job(name).with_nodes(2).with_cpu_only(procs_per_node=2, memory="4Gi")
+            .with_table("t0", num_embeddings=2_000_000, tier={"cache_rows": 10_000}))
+
+
+def test_a_tiered_job_gets_a_volume_of_its_local_disk_named_to_the_trainer_and_requested():
+    job, _ = _children(tiered_job("tiered"))
+    pod = job["spec"]["template"]["spec"]
+    # Each of a node's 2 ranks keeps its quarter of the rows; the node its headroom.
+    needed = 2 * -(-500_000 * 36 // 4096) * 4096 + sizing.LOCAL_DISK_HEADROOM_BYTES
+    size = f"{-(-needed // 2**20)}Mi"
+    assert _volume(job, job_manifests.LOCAL_VOLUME) == {"name": "local", "emptyDir": {"sizeLimit": size}}
+    container = pod["containers"][0]
+    assert {"name": "local", "mountPath": job_manifests.LOCAL_MOUNT} in container["volumeMounts"]
+    assert _env(job)[runtime.ENV_LOCAL_DIR] == job_manifests.LOCAL_MOUNT  # never the container's root file system
+    # The emptyDir, the container's writable layer and its logs all count in ephemeral-storage.
+    assert container["resources"]["requests"]["ephemeral-storage"] == size
+    assert container["resources"]["limits"]["ephemeral-storage"] == size
+    assert _env(job)[runtime.ENV_MEMORY_PER_RANK] == str(2 * 2**30)  # 4Gi over the node's 2 ranks
+
+
+@pytest.mark.parametrize("given", ["20Gi", None], ids=["given", "from-the-tier"])
+def test_a_storage_class_for_local_disks_makes_a_generic_ephemeral_volume_of_the_jobs_size(given):
+    builder = tiered_job("nvme").with_resources(local_disk_per_node=given)
+    job, _ = _children(builder, local_disk_storage_class="local-nvme")
+    size = _spec(builder).resources.local_disk_per_node
+    assert size == given or given is None
+    claim = _volume(job, job_manifests.LOCAL_VOLUME)["ephemeral"]["volumeClaimTemplate"]["spec"]
+    assert claim["storageClassName"] == "local-nvme" and claim["resources"]["requests"]["storage"] == size
+    assert claim["accessModes"] == ["ReadWriteOnce"]
+    # The claim is the disk: the pod's own ephemeral storage is not asked for it.
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"]["ephemeral-storage"] == "0"
+    assert "ephemeral-storage" not in container["resources"]["limits"]
+    assert _env(job)[runtime.ENV_LOCAL_DIR] == job_manifests.LOCAL_MOUNT
+
+
+def test_a_job_without_tiers_gets_no_local_volume_and_requests_no_disk():
+    job, _ = _children(operator_job("plain"))
+    pod = job["spec"]["template"]["spec"]
+    assert job_manifests.LOCAL_VOLUME not in {v["name"] for v in pod["volumes"]}
+    assert runtime.ENV_LOCAL_DIR not in _env(job)
+    # Zero, not nothing: a namespace whose quota limits local disk admits only pods that say what they take.
+    assert pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "0"

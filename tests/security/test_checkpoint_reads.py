@@ -319,7 +319,7 @@ def test_a_genuine_checkpoint_still_exports_and_answers_neighbours(world, writab
         near = member.get(f"/v1/jobs/{job_id}/neighbours", params={"word": "5", "k": 3})
     assert exported.status_code == 200, exported.text
     assert exported.headers["X-Kembed-Table"] == expected.name
-    assert np.array_equal(np.load(io.BytesIO(exported.content), allow_pickle=False), expected.vectors)
+    assert np.array_equal(np.load(io.BytesIO(exported.content), allow_pickle=False), expected.vectors.read())
     assert near.status_code == 200, near.text
     assert [(n["key"], pytest.approx(n["similarity"])) for n in near.json()["neighbours"]] == [
         (k, pytest.approx(s)) for k, s in export.neighbours(expected, "5", 3)]
@@ -354,7 +354,7 @@ def test_an_s3_checkpoint_is_read_from_a_copy_by_a_worker_without_credentials(s3
     made = exports.export_file(f"{bucket}/genuine", job_id="j", fmt="numpy", table=None, step=None, policy=policy)
     try:
         assert np.array_equal(np.load(made.path, allow_pickle=False),
-                              export.read_table(f"file://{genuine}").vectors)
+                              export.read_table(f"file://{genuine}").vectors.read())
     finally:
         os.unlink(made.path)
     with pytest.raises(exports.CheckpointRefused, match="checkpoint step 5 refused"):

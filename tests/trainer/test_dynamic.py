@@ -346,7 +346,7 @@ def test_an_export_writes_the_raw_id_beside_each_vector(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from kembed_trainer import export
+    from kembed_trainer import dcp_read, export, saved_table
 
     rng = np.random.default_rng(0)
     users = np.array([f"user-{i:03d}" for i in range(120)])  # read as their 63-bit hashes
@@ -367,8 +367,8 @@ def test_an_export_writes_the_raw_id_beside_each_vector(tmp_path):
     assert code == 0, stderr
     assert [r["kind"] for r in recs if r["event"] == "checkpoint"] == ["full", "delta", "delta"]
     out = tmp_path / "users.parquet"
-    with out.open("wb") as f:
-        export.write(export.read_table(f"{uri}/step-30", "users"), "parquet", f)
+    with out.open("wb") as f, export.read_table(f"{uri}/step-30", "users") as table:
+        export.write(table, "parquet", f)
     exported = pq.read_table(out)
     assert exported.num_rows == 30  # the table is full: every row holds an id
     assert set(exported["id"].to_pylist()) <= set(users) and len(set(exported["id"].to_pylist())) == 30
@@ -376,12 +376,14 @@ def test_an_export_writes_the_raw_id_beside_each_vector(tmp_path):
     assert len(set(exported["id"].to_pylist()) - first_read) > 15  # most were read after the full checkpoint
     assert set(exported["feature"].to_pylist()) == {"user"}
     # Each vector is its row's in the checkpoint, and the row holds that id's 63-bit hash.
-    chain = export.chain_uris(f"{uri}/step-30")
-    weight = export._load_field(chain[0], "users", "weight", torch.float32)
-    ids = export._load_field(chain[0], "users", "ids", torch.int64)
-    for later in chain[1:]:
-        export._apply_delta(later, "users", "weight", weight)
-        export._apply_delta(later, "users", "ids", ids)
+    readers = [dcp_read.RowRanges(link) for link in export.chain_uris(f"{uri}/step-30")]
+    assert len(readers) == 3  # full, delta, delta
+    ids = export.dynamic_ids(readers, "users")
+    saved = saved_table.SavedTable(readers, "users")
+    try:
+        weight = saved.read()
+    finally:
+        saved.close()
     rows = exported["row"].to_numpy()
     np.testing.assert_array_equal(ids[rows], [hash_string(u) for u in exported["id"].to_pylist()])
     np.testing.assert_array_equal(np.stack(exported["vector"].to_numpy(zero_copy_only=False)), weight[rows])

@@ -12,6 +12,7 @@ from kembed_trainer.data.batch import Batch
 from kembed_trainer.tiered import cache as tier_cache
 from kembed_trainer.tiered import store as tier_store
 from tests.trainer.conftest import run_trainer, tiny_config, write_config
+from tests.trainer.test_export import assert_exported_as_whole, exported_bytes
 
 OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam"]
 BATCH = 64
@@ -180,7 +181,7 @@ def losses(recs: list[dict]) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in recs if r["event"] == "progress"}
 
 
-def test_a_tiered_chain_resumes_bit_for_bit(tmp_path):
+def test_a_tiered_chain_resumes_bit_for_bit(tmp_path, monkeypatch):
     """Full checkpoints and deltas stream the tiered tables from their stores and back: a run stopped at step 15
     (saves: full 5, deltas 10 and 15) and resumed trains on as one that never stopped, loss for loss."""
     code, whole, stderr = run_trainer(
@@ -203,11 +204,16 @@ def test_a_tiered_chain_resumes_bit_for_bit(tmp_path):
     assert then[-1]["eval"] == whole[-1]["eval"]
     assert any("tier_hit_rate" in r for r in then if r["event"] == "progress")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("kembed-tier")]  # no store left behind
-    # Exports read tiered tables as any: the chain's last step (full at 20, delta at 25) gives the vectors the
-    # uninterrupted run's full checkpoint of step 25 gives.
+    # Exports read tiered tables as any, a range of rows at a time: the chain's last step (full at 20, delta at
+    # 25) gives the vectors the uninterrupted run's full checkpoint of step 25 gives, in every format, and what
+    # the whole table read at once gives.
     for table in ("t0", "t1"):
-        chained = export.read_table(f"{uri}/step-25", table).vectors
-        np.testing.assert_array_equal(chained, export.read_table(f"file://{tmp_path}/a/step-25", table).vectors)
+        with (export.read_table(f"{uri}/step-25", table) as chained,
+              export.read_table(f"file://{tmp_path}/a/step-25", table) as uninterrupted):
+            np.testing.assert_array_equal(chained.vectors.read(), uninterrupted.vectors.read())
+            for fmt in export.FORMATS:
+                assert exported_bytes(chained, fmt) == exported_bytes(uninterrupted, fmt), fmt
+        assert_exported_as_whole(f"{uri}/step-25", table, monkeypatch)
 
 
 @pytest.mark.parametrize(("first", "then"), [pytest.param(1, 2, id="1-to-2"), pytest.param(2, 1, id="2-to-1")])
@@ -239,3 +245,32 @@ def test_two_ranks_train_tiered_tables_as_in_memory_ones(tmp_path):
         runs[name] = recs
     assert losses(runs["tiered"]) == pytest.approx(losses(runs["in_memory"]), rel=1e-5)
     assert runs["tiered"][-1]["eval"] == pytest.approx(runs["in_memory"][-1]["eval"], rel=1e-5)
+
+
+def test_a_tier_without_a_cache_size_takes_what_the_launchers_memory_limit_leaves(tmp_path):
+    """The launcher says what a rank may use (runtime.ENV_MEMORY_PER_RANK); the trainer sizes the cache from it
+    as the API's estimate did, and refuses to start, naming the fix, without it or when it leaves too little."""
+    from kembed_contract import runtime, sizing
+
+    cfg = tiny_config(training={"steps": 10, "log_every": 5})
+    cfg["embeddings"]["tables"][0]["tier"] = {}
+    path = write_config(tmp_path / "auto.yaml", cfg)
+
+    code, _, stderr = run_trainer(path)
+    assert code == runtime.EXIT_BAD_CONFIG
+    assert ("config error: embeddings.tables[].tier: table t0's tier gives no cache size and the launcher gave no "
+            "memory limit (KEMBED_MEMORY_BYTES_PER_RANK) to size it from: give its cache_rows or cache_mb") in stderr
+
+    code, _, stderr = run_trainer(path, **{runtime.ENV_MEMORY_PER_RANK: str(64 * 2**20)})
+    assert code == runtime.EXIT_BAD_CONFIG
+    assert "config error: resources.memory_per_node: a tiered table's cache of 1 rows cannot hold two steps' rows" \
+        in stderr
+
+    # 1 GiB leaves the cache room for all of t0's 2000 rows.
+    parsed = config.TrainerConfig.model_validate(cfg)
+    sized = sizing.with_cache_sizes(parsed, world_size=1, memory_bytes_per_rank=2**30)
+    assert sized.embeddings.tables[0].tier.cache_rows == 2000
+    code, records, stderr = run_trainer(path, **{runtime.ENV_MEMORY_PER_RANK: str(2**30)})
+    assert code == 0, stderr
+    progress = [r for r in records if r["event"] == "progress"]
+    assert progress and progress[-1]["tier_hit_rate"] > 0  # trained through its tier

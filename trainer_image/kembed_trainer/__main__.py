@@ -14,7 +14,7 @@ import os
 import sys
 import traceback
 
-from kembed_contract import runtime, storage_policy
+from kembed_contract import runtime, sizing, storage_policy
 from kembed_contract import trainer_config as config
 from kembed_trainer import storage
 
@@ -37,6 +37,25 @@ def _out_of_memory(exc: BaseException) -> bool:
     says "can't allocate memory" (torch 2.13), its GPU allocator torch.OutOfMemoryError."""
     return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
         isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
+
+
+class _NoMemoryLimit(ValueError):
+    """A tier's cache is to be sized from the job's memory, and the launcher did not say how much that is."""
+
+
+def _with_tier_caches(cfg: config.TrainerConfig, *, world_size: int) -> config.TrainerConfig:
+    """The config with every tier cache the config leaves to the job given in rows: what this rank's memory
+    (runtime.ENV_MEMORY_PER_RANK, from the job's resources) leaves after the rest of the estimate, computed as the
+    API computed it when it accepted the job (sizing.with_cache_sizes)."""
+    auto = sizing.auto_tiered(cfg)
+    if not auto:
+        return cfg
+    memory = runtime.memory_per_rank()
+    if memory is None:
+        raise _NoMemoryLimit(
+            f"embeddings.tables[].tier: table {auto[0].name}'s tier gives no cache size and the launcher gave no "
+            f"memory limit ({runtime.ENV_MEMORY_PER_RANK}) to size it from: give its cache_rows or cache_mb")
+    return sizing.with_cache_sizes(cfg, world_size=world_size, memory_bytes_per_rank=memory)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     reporter = report.Reporter.from_env(enabled=env.is_main)
     code = None
     try:
+        cfg = _with_tier_caches(cfg, world_size=env.world_size)
         trainer = train.Trainer(cfg, env, reporter, guard=guard)
         try:
             code = trainer.train()
@@ -70,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             trainer.close()
             del trainer  # with it the last references to the process groups, which teardown destroys
+    except (sizing.CacheTooSmall, _NoMemoryLimit) as exc:
+        return _bad_input(f"config error: {exc}".splitlines()[0])
     except _DENIED as exc:
         return _bad_input(f"storage error: {exc}".splitlines()[0])
     except _BAD_DATA as exc:

@@ -16,6 +16,9 @@ through this module instead:
 The allow-list is what real checkpoints of every model kind hold (listed from saved checkpoints of each kind,
 full and incremental, one and two ranks); the trainer's export and resume tests read them all
 through it.
+
+`RowRanges` reads a range of rows of a saved tensor, loading only the saved chunks that hold them (`step_writer`
+saves a tensor in chunks of at most `step_writer.ITEM_BYTES`): how the export reads a table larger than memory.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import enum
 import importlib
 import io
 import pickle
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,10 +36,16 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    StorageMeta,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-__all__ = ["SafeLoadPlanner", "SafeReader", "UnsafeCheckpoint", "load", "read_metadata"]
+__all__ = ["RowRanges", "SafeLoadPlanner", "SafeReader", "UnsafeCheckpoint", "load", "read_metadata"]
 
 _METADATA = "torch.distributed.checkpoint.metadata"
 _ALLOWED = frozenset({
@@ -148,3 +158,76 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 def load(state: dict[str, Any], step_uri: str, *, sinks: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
     """`dcp.load` of `state` from the step folder `step_uri`, through `SafeReader` and `SafeLoadPlanner`."""
     dcp.load(state, storage_reader=SafeReader(step_uri), planner=SafeLoadPlanner(sinks), **kwargs)
+
+
+def quiet_load(state: dict[str, Any], **kwargs: Any) -> None:
+    """`dcp.load` in a process without a process group (export: intended, so not warned about)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, **kwargs)
+
+
+class _MetadataOnce(SafeReader):
+    """A `SafeReader` that reads the folder's metadata once, for the many loads of `RowRanges`."""
+
+    _metadata: Metadata | None = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if self._metadata is None:
+            self._metadata = super().read_metadata(*args, **kwargs)
+        return self._metadata
+
+
+class _RowRangePlanner(SafeLoadPlanner):
+    """Loads each tensor of its state (rows `first_rows[key]`.. of the saved `key`) from the saved chunks that
+    overlap those rows only; DCP's own planner would plan the whole saved tensor."""
+
+    def __init__(self, first_rows: Mapping[str, int]) -> None:
+        super().__init__()
+        self.first_rows = dict(first_rows)
+
+    def create_local_plan(self) -> LoadPlan:
+        assert self.metadata is not None
+        items: list[ReadItem] = []
+        for key, tensor in self.state_dict.items():
+            offsets = torch.Size([self.first_rows[key], *([0] * (tensor.dim() - 1))])
+            wanted = ChunkStorageMetadata(offsets=offsets, sizes=tensor.size())
+            items += create_read_items_for_chunk_list(key, self.metadata.state_dict_metadata[key], [wanted])
+        self.plan = LoadPlan(items)
+        return self.plan
+
+    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
+        # dest_offsets are relative to the range asked for, which is the whole of the state's tensor.
+        tensor = self.state_dict[read_item.dest_index.fqn]
+        for dim, (offset, length) in enumerate(zip(read_item.dest_offsets, read_item.lengths, strict=True)):
+            tensor = tensor.narrow(dim, offset, length)
+        return tensor
+
+
+class RowRanges:
+    """The tensors of one checkpoint folder, read a range of rows at a time: each read loads the saved chunks
+    that hold its rows and no others, so no tensor is ever whole in memory."""
+
+    def __init__(self, step_uri: str) -> None:
+        self._reader = _MetadataOnce(step_uri)
+        self.saved = self._reader.read_metadata().state_dict_metadata  # key -> what was saved under it
+
+    def shape(self, key: str) -> tuple[int, ...] | None:
+        """The saved tensor's shape, or None when `key` holds no tensor."""
+        entry = self.saved.get(key)
+        return tuple(entry.size) if isinstance(entry, TensorStorageMetadata) else None
+
+    def chunk_starts(self, key: str) -> list[int]:
+        """The first rows of the chunks `key` was saved in, in order: ranges cut there load no chunk twice."""
+        return sorted({int(chunk.offsets[0]) for chunk in self.saved[key].chunks})
+
+    def read(self, key: str, first: int, count: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows `first`.. `first + count` of the saved `key`, into `out` when given (its shape: those rows)."""
+        entry = self.saved[key]
+        if not 0 <= first <= first + count <= entry.size[0]:
+            raise IndexError(f"rows {first}..{first + count} of {key} (it has {entry.size[0]})")
+        if out is None:
+            out = torch.empty((count, *entry.size[1:]), dtype=entry.properties.dtype)
+        if count:
+            quiet_load({key: out}, storage_reader=self._reader, planner=_RowRangePlanner({key: first}))
+        return out

@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 
 from kembed_trainer import step_writer
 
-__all__ = ["DELTA_KEY", "TABLES_KEY", "TableChanges", "apply", "entries_of", "extract"]
+__all__ = ["DELTA_KEY", "TABLES_KEY", "TableChanges", "apply", "changed_rows_keys", "entries_of", "extract"]
 
 TABLES_KEY = "embeddings"  # the top-level key of the tables in a full checkpoint's state
 DELTA_KEY = "delta"  # ... and of their changed rows in a delta's, instead
@@ -65,6 +65,17 @@ def entries_of(saved) -> dict[str, torch.Tensor]:
                 tuple(entry.size), dtype=entry.properties.dtype
             )
     return out
+
+
+def changed_rows_keys(saved: Mapping[str, Any], table: str, field: str) -> list[tuple[str, str]]:
+    """The keys, in a delta's DCP metadata (`state_dict_metadata`), of each part (a rank's) of `table`'s changed
+    rows: (their row numbers, their `field`), for a reader that streams them instead of loading them (export)."""
+    parts = []
+    for key in saved:
+        head, _, last = key.rpartition(".")
+        if last == _ROWS and head.startswith(f"{DELTA_KEY}.{table}.") and f"{head}.{field}" in saved:
+            parts.append((key, f"{head}.{field}"))
+    return sorted(parts)
 
 
 def apply(embeddings: dict[str, torch.Tensor], entries: dict[str, torch.Tensor],

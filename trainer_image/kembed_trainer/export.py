@@ -1,16 +1,20 @@
 """A checkpoint's embeddings in the formats other tools load, and nearest neighbours, read offline.
 
 Reads one complete `step-N/` folder with DCP in a single process (no process group): a table sharded row-wise
-over any number of ranks is gathered whole, as DCP reads every rank's rows into one tensor. What each row stands
-for comes from the checkpoint's own row index (`row_index.py`). A delta (an incremental checkpoint) is read
+over any number of ranks reads as one, as DCP reads every rank's rows by their place in the table. What each row
+stands for comes from the checkpoint's own row index (`row_index.py`). A delta (an incremental checkpoint) is read
 through its chain: the table from the chain's full checkpoint (which holds the row index too), then each delta's
 changed rows on it, in order.
+
+A table is never whole in memory (a tiered table is larger than its trainers' memory, and can be larger than
+this process's): `saved_table.SavedTable` reads it a range of rows at a time, and every format and the
+neighbours search go through it range by range, so the peak memory is a range's, not the table's.
 
 Formats (`FORMATS`):
 - `parquet`: one row per word or id: `token` (a vocabulary's words), `id` (int64, plain tables) or `feature`,
   `id` (text) and `row` (hashed tables: one row per raw id seen in training; dynamic tables: one per row that
   holds an id, the raw id beside its vector, its text from the id index where the data had text, `feature`
-  empty where the index has no entry for it), then `vector` (fixed-size list of float32).
+  empty where the index has no entry for it), then `vector` (fixed-size list of float32); a row group per range.
 - `numpy`: a `.npy` matrix, row i = table row i (the vocabulary's rows for a model with a vocabulary).
 - those a model kind adds (`kembed_contract.kinds.EXPORT_FORMATS`), written by its trainer half's `writers`, for
   any job's tables.
@@ -19,9 +23,9 @@ Formats (`FORMATS`):
 from __future__ import annotations
 
 import json
-import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, overload
 
 import fsspec
 import numpy as np
@@ -30,7 +34,7 @@ import pyarrow.parquet as pq
 import torch
 
 from kembed_contract import kinds, runtime
-from kembed_trainer import dcp_read, delta, dynamic, embedding, row_index
+from kembed_trainer import dcp_read, delta, dynamic, embedding, row_index, saved_table
 from kembed_trainer import kinds as trainer_kinds
 from kembed_trainer.data.table import hash_string
 
@@ -44,17 +48,60 @@ class ExportError(ValueError):
     """The checkpoint lacks what was asked for (a table, a word, its row index)."""
 
 
+class _IdTexts(Sequence[str]):
+    """The keys of a table whose raw id i is row i: id i as text, made when asked (a table may have more rows
+    than this process can hold strings for)."""
+
+    def __init__(self, num_rows: int) -> None:
+        self._ids = range(num_rows)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [str(i) for i in self._ids[index]]
+        return str(self._ids[index])
+
+
 @dataclass
 class TableRows:
-    """One table's vectors and what its rows stand for."""
+    """One table's vectors and what its rows stand for. The vectors are read a range at a time (`chunks`,
+    `vectors_of`); `close` (or `with`) gives back the scratch space a delta chain's table may take."""
 
     name: str
     meaning: str  # words | ids | hashed_ids | dynamic_ids (row_index.rows_meaning)
-    vectors: np.ndarray  # [rows, dim] float32: the vocabulary's rows for words, else every row
-    keys: list[str]  # one per entry: the word, the id, or the raw id (hashed)
-    rows: np.ndarray  # the row of each key
-    features: list[str] | None  # hashed: each key's feature
+    vectors: saved_table.SavedTable  # the vocabulary's rows for words, else every row
+    keys: Sequence[str]  # one per entry: the word, the id, or the raw id (hashed, dynamic)
+    rows: Sequence[int]  # the row of each key: range(len(keys)) but for hashed and dynamic ids
+    features: list[str] | None  # hashed, dynamic: each key's feature
     bias_column: bool  # the last coordinate is a per-id bias, not a factor (ModelKind.bias_column)
+
+    def chunks(self) -> Iterator[tuple[int, int]]:
+        """The entries [start, stop) a range at a time: the table's own ranges where entry i is row i."""
+        if isinstance(self.rows, range):
+            return self.vectors.ranges()
+        step = self.vectors.chunk_rows
+        return ((start, min(start + step, len(self.rows))) for start in range(0, len(self.rows), step))
+
+    def vectors_of(self, start: int, stop: int) -> np.ndarray:
+        """The vectors of entries `start`.. `stop`, [stop - start, dim] float32."""
+        if isinstance(self.rows, range):  # entry i is row i
+            return self.vectors.read(start, stop)
+        return self.vectors.take(np.asarray(self.rows[start:stop], dtype=np.int64))
+
+    def close(self) -> None:
+        self.vectors.close()
+
+    def __enter__(self) -> TableRows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def read_manifest(step_uri: str) -> dict[str, Any]:
@@ -105,70 +152,28 @@ def read_table(step_uri: str, table: str | None = None) -> TableRows:
     spec = next((t for t in manifest["tables"] if t["name"] == name), None)
     if spec is None:
         raise ExportError(f"table: not in this checkpoint (its tables: {[t['name'] for t in manifest['tables']]})")
-    vectors = _load_field(step_uri, name, "weight", torch.float32)
-    for delta_uri in chain[1:]:
-        _apply_delta(delta_uri, name, "weight", vectors)
+    readers = [dcp_read.RowRanges(uri) for uri in chain]
+    key = saved_table.weight_key(name)
+    if readers[0].shape(key) is None:
+        raise ExportError(f"table {name!r}: no {key} in {step_uri}")
     meaning = spec["rows"]
     features = None
     if meaning == "words":
-        keys = list(manifest["vocabulary"])
-        vectors = vectors[: len(keys)]
-        rows = np.arange(len(keys))
+        keys: Sequence[str] = list(manifest["vocabulary"])
+        vectors = saved_table.SavedTable(readers, name, num_rows=len(keys))
+        rows: Sequence[int] = range(vectors.num_rows)
+        keys = keys[: vectors.num_rows]
     elif meaning == "ids":
-        keys = [str(i) for i in range(vectors.shape[0])]
-        rows = np.arange(vectors.shape[0])
+        vectors = saved_table.SavedTable(readers, name)
+        keys, rows = _IdTexts(vectors.num_rows), range(vectors.num_rows)
     elif meaning == "dynamic_ids":
-        keys, rows, features = _dynamic_keys(chain, name)
+        vectors = saved_table.SavedTable(readers, name)
+        keys, rows, features = _dynamic_keys(chain, readers, name)
     else:
         ids = _read_ids(chain, name)
+        vectors = saved_table.SavedTable(readers, name)
         keys, rows, features = ids["id"].to_pylist(), ids["row"].to_numpy(), ids["feature"].to_pylist()
     return TableRows(name, meaning, vectors, keys, rows, features, bool(manifest.get("bias_column")))
-
-
-def _load_field(step_uri: str, table: str, field: str, dtype: torch.dtype) -> np.ndarray:
-    """Every row of one field of `table` (its weight, a dynamic table's ids) from a full checkpoint."""
-    reader = dcp_read.SafeReader(step_uri)
-    key = f"embeddings.{table}.{field}"
-    entry = reader.read_metadata().state_dict_metadata.get(key)
-    if entry is None:
-        raise ExportError(f"table {table!r}: no {key} in {step_uri}")
-    state = {"embeddings": {f"{table}.{field}": torch.empty(tuple(entry.size), dtype=dtype)}}
-    with warnings.catch_warnings():  # one process, no process group: intended
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp_read.load(state, step_uri)
-    return state["embeddings"][f"{table}.{field}"].numpy()
-
-
-def _apply_delta(delta_uri: str, table: str, field: str, values: np.ndarray) -> None:
-    """Copy a delta's changed rows of one field of `table` into `values` (in place)."""
-    saved = dcp_read.SafeReader(delta_uri).read_metadata().state_dict_metadata
-    wanted = {k: v for k, v in delta.entries_of(saved).items()
-              if k.startswith(f"{table}.") and k.rsplit(".", 1)[-1] in ("rows", field)}
-    if not wanted:
-        return  # no row of this table changed
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp_read.load({delta.DELTA_KEY: wanted}, delta_uri)
-    delta.apply({f"{table}.{field}": torch.from_numpy(values)}, wanted)
-
-
-def _dynamic_keys(chain: list[str], table: str) -> tuple[list[str], np.ndarray, list[str]]:
-    """A dynamic table's rows that hold an id: each one's raw id (its text where the id index has it: string ids
-    were read as their 63-bit hashes), the row, and the feature it was read for."""
-    ids = _load_field(chain[0], table, "ids", torch.int64)
-    for delta_uri in chain[1:]:
-        _apply_delta(delta_uri, table, "ids", ids)
-    rows = np.flatnonzero((ids != dynamic.EMPTY) & (ids != dynamic.SHARED))
-    texts: dict[int, tuple[str, str]] = {}
-    try:
-        index = _read_ids(chain, table)
-    except ExportError:  # data without an id index (synthetic): the ids are the int64s themselves
-        index = None
-    if index is not None and "hash" in index.column_names:
-        texts = dict(zip(index["hash"].to_pylist(), zip(index["feature"].to_pylist(), index["id"].to_pylist(),
-                                                        strict=True), strict=True))
-    named = [texts.get(raw, ("", str(raw))) for raw in ids[rows].tolist()]
-    return [text for _, text in named], rows, [feature for feature, _ in named]
 
 
 def _read_ids(chain: list[str], table: str) -> pa.Table:
@@ -190,31 +195,82 @@ def _read_ids(chain: list[str], table: str) -> pa.Table:
     return frame.sort_by([("feature", "ascending"), ("id", "ascending")])
 
 
+def dynamic_ids(readers: Sequence[dcp_read.RowRanges], table: str) -> np.ndarray:
+    """A dynamic table's `ids` field (each row's raw id, or a marker: `kembed_trainer.dynamic`) after the
+    chain's deltas; 8 bytes a row, read whole."""
+    key = f"{delta.TABLES_KEY}.{table}.ids"
+    shape = readers[0].shape(key)
+    if shape is None:
+        raise ExportError(f"table {table!r}: no {key} in its checkpoint")
+    ids = readers[0].read(key, 0, shape[0]).numpy().copy()
+    for reader in readers[1:]:
+        for rows_key, ids_key in delta.changed_rows_keys(reader.saved, table, "ids"):
+            count = reader.shape(rows_key)[0]
+            ids[reader.read(rows_key, 0, count).numpy()] = reader.read(ids_key, 0, count).numpy()
+    return ids
+
+
+def _dynamic_keys(chain: list[str], readers: Sequence[dcp_read.RowRanges], table: str
+                  ) -> tuple[list[str], np.ndarray, list[str]]:
+    """A dynamic table's rows that hold an id: each one's raw id (its text where the id index has it: string ids
+    were read as their 63-bit hashes), the row, and the feature it was read for."""
+    ids = dynamic_ids(readers, table)
+    rows = np.flatnonzero((ids != dynamic.EMPTY) & (ids != dynamic.SHARED))
+    texts: dict[int, tuple[str, str]] = {}
+    try:
+        index = _read_ids(chain, table)
+    except ExportError:  # data without an id index (synthetic): the ids are the int64s themselves
+        index = None
+    if index is not None and "hash" in index.column_names:
+        texts = dict(zip(index["hash"].to_pylist(), zip(index["feature"].to_pylist(), index["id"].to_pylist(),
+                                                        strict=True), strict=True))
+    named = [texts.get(raw, ("", str(raw))) for raw in ids[rows].tolist()]
+    return [text for _, text in named], rows, [feature for feature, _ in named]
+
+
 # ----------------------------------------------------------------------------------------------- writing
 def write(rows: TableRows, fmt: str, out: IO[bytes]) -> None:
-    """Write `rows` in format `fmt` to the binary stream `out`."""
+    """Write `rows` in format `fmt` to the binary stream `out`, a range of rows at a time."""
     if fmt not in FORMATS:
         raise ExportError(f"format {fmt!r}: one of {', '.join(FORMATS)}")
     if fmt == "numpy":
-        np.save(out, np.ascontiguousarray(rows.vectors, dtype=np.float32))
+        _write_numpy(rows, out)
     elif fmt == "parquet":
         _write_parquet(rows, out)
     else:
         trainer_kinds.export_writers()[fmt](rows, out)
 
 
+def _write_numpy(rows: TableRows, out: IO[bytes]) -> None:
+    """What `np.save` writes of the whole matrix: its header, then the rows in order."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
+              "shape": rows.vectors.shape}
+    np.lib.format.write_array_header_1_0(out, header)
+    for start, stop in rows.vectors.ranges():
+        out.write(rows.vectors.read(start, stop).tobytes())
+
+
 def _write_parquet(rows: TableRows, out: IO[bytes]) -> None:
-    dim = rows.vectors.shape[1]
+    dim = rows.vectors.dim
     if rows.meaning == "words":
-        key_column = {"token": pa.array(rows.keys, pa.string())}
+        keys = [pa.field("token", pa.string())]
     elif rows.meaning == "ids":
-        key_column = {"id": pa.array(rows.rows, pa.int64())}
+        keys = [pa.field("id", pa.int64())]
     else:
-        key_column = {"feature": pa.array(rows.features, pa.string()), "id": pa.array(rows.keys, pa.string()),
-                      "row": pa.array(rows.rows, pa.int64())}
-    flat = pa.array(rows.vectors[rows.rows].astype(np.float32, copy=False).reshape(-1))
-    vectors = pa.FixedSizeListArray.from_arrays(flat, dim)
-    pq.write_table(pa.table({**key_column, "vector": vectors}), out)
+        keys = [pa.field("feature", pa.string()), pa.field("id", pa.string()), pa.field("row", pa.int64())]
+    schema = pa.schema([*keys, pa.field("vector", pa.list_(pa.float32(), dim))])
+    with pq.ParquetWriter(out, schema) as writer:
+        for start, stop in rows.chunks():
+            if rows.meaning == "words":
+                columns = [pa.array(rows.keys[start:stop], pa.string())]
+            elif rows.meaning == "ids":
+                columns = [pa.array(np.arange(start, stop, dtype=np.int64))]
+            else:
+                columns = [pa.array(rows.features[start:stop], pa.string()), pa.array(rows.keys[start:stop], pa.string()),
+                           pa.array(np.asarray(rows.rows[start:stop], dtype=np.int64))]
+            flat = pa.array(rows.vectors_of(start, stop).reshape(-1))
+            vectors = pa.FixedSizeListArray.from_arrays(flat, dim)
+            writer.write_table(pa.Table.from_arrays([*columns, vectors], schema=schema))
 
 
 # ----------------------------------------------------------------------------------------------- neighbours
@@ -229,10 +285,10 @@ def _row_of(rows: TableRows, query: str) -> int:
             row = int(query)
         except ValueError:
             raise ExportError(f"word: table {rows.name!r} has integer ids; give one") from None
-        if not 0 <= row < rows.vectors.shape[0]:
-            raise ExportError(f"word: an id of table {rows.name!r} is in [0, {rows.vectors.shape[0]})")
+        if not 0 <= row < rows.vectors.num_rows:
+            raise ExportError(f"word: an id of table {rows.name!r} is in [0, {rows.vectors.num_rows})")
         return row
-    for key, row in zip(rows.keys, rows.rows.tolist(), strict=True):
+    for key, row in zip(rows.keys, rows.rows, strict=True):
         if key == query:
             return row
     if rows.meaning == "dynamic_ids":
@@ -242,20 +298,42 @@ def _row_of(rows: TableRows, query: str) -> int:
         raw = int(query)
     except ValueError:
         raw = hash_string(query)
-    return int(embedding.hash_rows(torch.tensor([raw]), rows.vectors.shape[0])[0])
+    return int(embedding.hash_rows(torch.tensor([raw]), rows.vectors.num_rows)[0])
 
 
 def neighbours(rows: TableRows, query: str, k: int = 10) -> list[tuple[str, float]]:
-    """The `k` keys whose vectors are nearest to `query`'s by cosine similarity (itself left out)."""
+    """The `k` keys whose vectors are nearest to `query`'s by cosine similarity (itself left out), the table
+    scanned a range at a time."""
     target = _row_of(rows, query)
-    vectors = torch.from_numpy(np.ascontiguousarray(rows.vectors, dtype=np.float32))
-    if rows.bias_column:
-        vectors = vectors[:, :-1]
-    unit = torch.nn.functional.normalize(vectors, dim=1)
-    scores = unit @ unit[target]
-    key_rows = torch.from_numpy(np.asarray(rows.rows, dtype=np.int64).copy())
-    entry_scores = scores[key_rows]
-    entry_scores[key_rows == target] = -float("inf")
-    top = torch.topk(entry_scores, min(k, max(0, int((key_rows != target).sum()))))
-    return [(rows.keys[i], float(s)) for s, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)]
+    want = _unit(rows.vectors.take([target]), rows.bias_column)[0]
+    hashed = not isinstance(rows.rows, range)  # else entry i is row i
+    if hashed:  # the entries of each range of rows, found by sorting them once
+        entry_rows = np.asarray(rows.rows, dtype=np.int64)
+        order = np.argsort(entry_rows, kind="stable")
+        sorted_rows = entry_rows[order]
+    best_scores, best_entries = torch.empty(0), torch.empty(0, dtype=torch.int64)
+    for start, stop in rows.vectors.ranges():
+        scores = _unit(rows.vectors.read(start, stop), rows.bias_column) @ want
+        if hashed:
+            lo, hi = np.searchsorted(sorted_rows, [start, stop])
+            entries = order[lo:hi]
+            at = entry_rows[entries]
+        else:
+            entries = at = np.arange(start, stop)
+        keep = at != target
+        best_scores = torch.cat([best_scores, scores[torch.from_numpy(at[keep] - start)]])
+        best_entries = torch.cat([best_entries, torch.from_numpy(entries[keep].astype(np.int64))])
+        if best_scores.numel() > k:
+            top = torch.topk(best_scores, k)
+            best_scores, best_entries = top.values, best_entries[top.indices]
+    # Highest first; among equal scores the first entry first.
+    ranked = sorted(zip(best_scores.tolist(), best_entries.tolist(), strict=True), key=lambda s: (-s[0], s[1]))
+    return [(rows.keys[entry], score) for score, entry in ranked[:k]]
 
+
+def _unit(vectors: np.ndarray, bias_column: bool) -> torch.Tensor:
+    """Rows scaled to length 1 (without the bias coordinate), for cosine similarities."""
+    matrix = torch.from_numpy(vectors)
+    if bias_column:
+        matrix = matrix[:, :-1]
+    return torch.nn.functional.normalize(matrix, dim=1)

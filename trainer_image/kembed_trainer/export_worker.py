@@ -55,12 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = sys.stdout.buffer
     try:
-        rows = export.read_table(args.step_uri, args.table)
-        if args.neighbours is not None:
-            _line(out, table=rows.name, neighbours=export.neighbours(rows, args.neighbours, args.k))
-            return 0
-        staged = tempfile.TemporaryFile()  # noqa: SIM115 - written whole first, so a failure is still an error line
-        export.write(rows, args.format, staged)
+        with export.read_table(args.step_uri, args.table) as rows:
+            if args.neighbours is not None:
+                _line(out, table=rows.name, neighbours=export.neighbours(rows, args.neighbours, args.k))
+                return 0
+            staged = tempfile.TemporaryFile()  # noqa: SIM115 - written whole first: a failure is still an error line
+            export.write(rows, args.format, staged)
     except (Exception, CheckpointException) as error:  # noqa: BLE001 - every failure is one error line
         kind, message = _failure(error)
         _line(out, error=kind, message=message)

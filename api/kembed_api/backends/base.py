@@ -13,11 +13,20 @@ from kembed_contract.resources import TenantUsage
 from kembed_contract.spec import JobSpec
 from kembed_contract.storage_policy import StoragePolicy
 
-__all__ = ["Backend", "Exit", "Launch", "NotReady", "Observed"]
+__all__ = ["Backend", "CannotStart", "Exit", "Launch", "NotReady", "Observed"]
 
 
 class NotReady(Exception):
     """The backend cannot start the job yet (e.g. its namespace is still being made); try again later."""
+
+
+class CannotStart(Exception):
+    """The backend cannot start the job, and waiting would not help (the local disk filled since it was accepted):
+    the job fails with `reason` and this message."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)

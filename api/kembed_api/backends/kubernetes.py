@@ -81,12 +81,13 @@ class KubernetesBackend:
         if not largest:
             return
         r = spec.resources
-        for asked, key, field, unit in ((r.gpus_per_node, "gpus", "gpus_per_node", "GPUs"),
-                                        (r.cpu_per_node, "cpu", "cpu_per_node", "CPU cores"),
-                                        (r.memory_bytes_per_node, "memory", "memory_per_node", "bytes of memory")):
+        for asked, key, field, dimension in ((r.gpus_per_node, "gpus", "gpus_per_node", QuotaSpec.dimension("gpus")),
+                                             (r.cpu_per_node, "cpu", "cpu_per_node", QuotaSpec.dimension("cpu")),
+                                             (r.memory_bytes_per_node, "memory", "memory_per_node",
+                                              QuotaSpec.dimension("memory"))):
             if asked > largest[key]:
-                raise ValueError(f"resources.{field}: each node of the job needs {asked:g} {unit}, but the largest "
-                                 f"node of the cluster offers {largest[key]:g}")
+                raise ValueError(f"resources.{field}: each node of the job needs {dimension.in_words(asked)}, but "
+                                 f"the largest node of the cluster offers {dimension.number(largest[key])}")
 
     def capacity(self) -> Quota:
         # The cluster itself is the limit: the namespace ResourceQuota and the scheduler enforce it.

@@ -16,19 +16,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from kembed_api.backends import node_logs
-from kembed_api.backends.base import Exit, Launch
+from kembed_api.backends import local_disk, node_logs
+from kembed_api.backends.base import CannotStart, Exit, Launch, NotReady
 from kembed_api.platform import confinement
 from kembed_api.platform.ports import free_port
 from kembed_api.quota.admission import Quota
-from kembed_contract import lifecycle, runtime
+from kembed_contract import lifecycle, runtime, sizing
 from kembed_contract.quota import QuotaSpec, SharingSpec
 from kembed_contract.resources import TenantUsage
 from kembed_contract.spec import JobSpec
@@ -56,6 +56,8 @@ class _Gang:
     processes: list[subprocess.Popen]
     pumps: list[subprocess.Popen]  # each node's log writer (backends.node_logs)
     limits: list[confinement.NodeLimit]
+    local_dir: Path  # runtime.ENV_LOCAL_DIR of its trainers: their tiers' files
+    local_disk_bytes: int  # what its nodes asked for there together (resources.local_disk_per_node x nodes)
     stop_requested_at: float | None = None
     collateral: set[int] = field(default_factory=set)  # nodes stopped by us: their exits do not decide
 
@@ -104,14 +106,16 @@ class LocalBackend:
     def __init__(self, *, data_dir: Path, slots: int, stop_grace_s: float = 60.0,
                  memory_bytes: int | None = None, cpus: int | None = None, sandbox: str = "auto",
                  credentials: TenantCredentials | None = None, server_s3_credentials: bool = False,
-                 limits: str = "auto", log_bytes_per_node: int = DEFAULT_LOG_BYTES_PER_NODE) -> None:
+                 limits: str = "auto", log_bytes_per_node: int = DEFAULT_LOG_BYTES_PER_NODE,
+                 free_disk: Callable[[Path], int] = local_disk.free_bytes) -> None:
         """`memory_bytes`, `cpus`: what this machine offers its trainers (measured when not given). `sandbox`:
         auto, landlock or off (Settings.trainer_sandbox); raises RuntimeError for landlock without a kernel that
         has it. `credentials`: mint each tenant's own S3 key for its trainers (Settings.s3_mint_credentials).
         `server_s3_credentials`: give trainers this server's AWS credentials instead (a single-team installation,
         Settings.trainer_server_s3_credentials); with neither, trainers hold no credentials. `limits`: auto,
         cgroup or rlimit (Settings.trainer_limits); raises RuntimeError for cgroup where none is writable.
-        `log_bytes_per_node`: what each node's log keeps on disk (Settings.trainer_log_bytes_per_node)."""
+        `log_bytes_per_node`: what each node's log keeps on disk (Settings.trainer_log_bytes_per_node).
+        `free_disk`: bytes free on the file system of a path (the data dir's, where jobs' tiers live)."""
         abi = landlock.abi_version()
         self.landlock = sandbox != "off" and abi > 0
         self.landlock_network = self.landlock and abi >= landlock.NET_ABI
@@ -133,6 +137,7 @@ class LocalBackend:
         self.memory_bytes = memory_bytes or machine_memory_bytes()
         self.cpus = cpus or machine_cpus()
         self.stop_grace_s = stop_grace_s
+        self.free_disk = free_disk
         self._gangs: dict[str, _Gang] = {}
         self._lock = threading.Lock()
         self.credentials = credentials
@@ -165,6 +170,31 @@ class LocalBackend:
                 f"resources.cpu_per_node: the job asks for {cpus:g} CPU cores in all ({resources.nodes} node(s) x "
                 f"{resources.cpu_per_node:g}) but this machine has {self.cpus}"
             )
+        disk = resources.nodes * resources.local_disk_bytes_per_node
+        if disk and disk > (free := self.free_disk(self.data_dir)):
+            raise ValueError(
+                f"resources.local_disk_per_node: the job asks for {sizing.in_units(disk)} of local disk in all "
+                f"({resources.nodes} node(s) x {resources.local_disk_per_node}, its tiered tables' rows) but the "
+                f"disk of this server's data dir has {sizing.in_units(free)} free"
+            )
+
+    def _check_disk(self, job_id: str, needed: int) -> None:
+        """Before a start: the job's local disk must fit what is free under the data dir now, less what the other
+        running gangs asked for and have not written yet. Raises NotReady while their ending would make room,
+        CannotStart when even that would not (the disk filled since the job was accepted)."""
+        free = self.free_disk(self.data_dir)
+        with self._lock:
+            others = [g for other, g in self._gangs.items() if other != job_id and g.local_disk_bytes]
+        written = [local_disk.written_bytes([pid for p in g.processes for pid in confinement.node_processes(p.pid)],
+                                            g.local_dir) for g in others]
+        pending = sum(max(0, g.local_disk_bytes - done) for g, done in zip(others, written, strict=True))
+        needs = (f"the job's tiered tables need {sizing.in_units(needed)} of local disk "
+                 f"(resources.local_disk_per_node x nodes) and the disk of this server's data dir has "
+                 f"{sizing.in_units(free)} free")
+        if needed > free + sum(written):
+            raise CannotStart(f"{needs}, even once this server's other jobs end", reason="LocalDiskFull")
+        if needed > free - pending:
+            raise NotReady(f"{needs}, {sizing.in_units(pending)} of it promised to running jobs' tiers")
 
     def capacity(self) -> Quota:
         return Quota(max_processes=self.slots)
@@ -212,8 +242,13 @@ class LocalBackend:
         _write_anew(config_path, yaml.safe_dump(launch.spec.trainer.model_dump(mode="json"), sort_keys=False))
         scratch = job_dir / "tmp"  # the trainers' home, temporary files and numba's cache: their own, per job
         scratch.mkdir(exist_ok=True)
+        local_dir = job_dir / "local"  # their tiered tables' rows (runtime.ENV_LOCAL_DIR)
+        local_dir.mkdir(exist_ok=True)
 
         resources = launch.spec.resources
+        local_disk_bytes = resources.nodes * resources.local_disk_bytes_per_node
+        if local_disk_bytes:
+            self._check_disk(launch.job_id, local_disk_bytes)
         port = free_port()
         base_env = confinement.trainer_environ(os.environ, scratch=scratch, server_s3_credentials=False)
         env = {
@@ -222,6 +257,8 @@ class LocalBackend:
             runtime.ENV_JOB_ID: launch.job_id,
             runtime.ENV_REPORT_URL: launch.report_url,
             runtime.ENV_REPORT_TOKEN: launch.report_token,
+            runtime.ENV_LOCAL_DIR: str(local_dir),
+            runtime.ENV_MEMORY_PER_RANK: str(resources.memory_bytes_per_rank),
             "PYTHONUNBUFFERED": "1",
             # Share the cores among this job's ranks instead of letting each grab all of them, and no more threads
             # than the node's CPU limit lets run at once (more would only wait their turn).
@@ -284,7 +321,8 @@ class LocalBackend:
                 pump.kill()
             raise
         with self._lock:
-            self._gangs[launch.job_id] = _Gang(processes=processes, pumps=pumps, limits=node_limits)
+            self._gangs[launch.job_id] = _Gang(processes=processes, pumps=pumps, limits=node_limits,
+                                               local_dir=local_dir, local_disk_bytes=local_disk_bytes)
         described = self._describe(limits)
         log.info("job %s attempt %d: %s", launch.job_id, launch.attempt, described)
         return {"pids": [p.pid for p in processes], "attempt": launch.attempt, "confinement": described}

@@ -1,103 +1,59 @@
-"""Back-of-the-envelope sizes of a job, shown at submission and used to refuse jobs that cannot fit.
+"""A job's sizes as the API shows them, and the refusal of a job whose ranks cannot fit their memory.
 
-One estimate, one place: the answer's `estimates`, the check at submission against `resources.memory_per_node`
-and the local backend's check against this machine all read `memory_per_rank`. It counts what grows with the
-config (tables, optimizer state, dense model, a step's batch, an eval's gathered scores, what the data source
-keeps: never the data's own size, as it is streamed), not the interpreter and libraries every rank also loads
-(`_BASELINE_BYTES`). What depends on a kind is the kind's to say (kembed_contract.kinds): its tables' bytes, its
-model's layers and what its evaluation holds, its data's ids per sample and what the source keeps.
+The numbers are the contract's (kembed_contract.sizing), which the trainer uses too: the memory estimate per
+rank, the caches of tiers sized from `resources.memory_per_node`, the local disk per node. This module turns a
+spec into them with the job's own resources, and says in words why a job cannot fit, naming the field to change.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from kembed_contract import kinds
-from kembed_contract.kinds.base import BYTES_PER_FLOAT, BYTES_PER_ID
+from kembed_contract import kinds, sizing
+from kembed_contract.spec import JobSpec
 from kembed_contract.trainer_config import TrainerConfig
 
-__all__ = ["MemoryEstimate", "memory_per_rank", "table_memory_bytes_per_rank"]
-
-# Dense parameters are held as weights, gradients and Adam's two moments: 4 floats each.
-_FLOATS_PER_DENSE_PARAMETER = 4
-# A step holds each activation about three times: the forward value kept for the backward, its gradient, and a
-# temporary of the kernels.
-_ACTIVATION_COPIES = 3
-_BASELINE_BYTES = 256 * 2**20  # Python, torch and the trainer's code in each rank (about 250 MiB measured)
+__all__ = ["memory_estimate", "sized_trainer", "tier_cache_rows", "why_memory_cannot_fit"]
 
 
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Bytes one rank needs, by what needs them."""
-
-    tables: int  # embedding weights and sparse-optimizer state
-    dense: int  # the dense model with its gradients and optimizer state
-    batch: int  # one training step's ids, pooled embeddings and activations
-    eval: int  # an eval's scores and labels, gathered on every rank, and one eval batch
-    data: int  # what the data source keeps (its kind says)
-    baseline: int = _BASELINE_BYTES
-
-    @property
-    def total(self) -> int:
-        return self.tables + self.dense + self.batch + self.eval + self.data + self.baseline
-
-    def describe(self) -> str:
-        parts = ", ".join(f"{name} {_gib(getattr(self, name))}"
-                          for name in ("tables", "dense", "batch", "eval", "data", "baseline"))
-        return f"{_gib(self.total)} per rank ({parts})"
+def sized_trainer(spec: JobSpec) -> TrainerConfig:
+    """The trainer's config as its trainers will size it: every tier cache in rows (sizing.with_cache_sizes).
+    Raises sizing.CacheTooSmall when the memory left for a cache cannot hold two steps' rows."""
+    r = spec.resources
+    return sizing.with_cache_sizes(spec.trainer, world_size=r.num_processes,
+                                   memory_bytes_per_rank=r.memory_bytes_per_rank)
 
 
-def _gib(num_bytes: float) -> str:
-    """`1.50 GiB`, `12.0 MiB`, `180 KiB`: the unit that reads best."""
-    if num_bytes >= 2**30:
-        return f"{num_bytes / 2**30:.2f} GiB"
-    if num_bytes >= 2**20:
-        return f"{num_bytes / 2**20:.1f} MiB"
-    return f"{num_bytes / 2**10:.0f} KiB"
+def memory_estimate(trainer: TrainerConfig, spec: JobSpec) -> sizing.MemoryEstimate:
+    """One rank's estimate of a sized trainer config (`sized_trainer`) at the spec's world size."""
+    return sizing.memory_per_rank(trainer, world_size=spec.resources.num_processes)
 
 
-def table_memory_bytes_per_rank(trainer: TrainerConfig, *, world_size: int = 1) -> int:
-    """Weights plus sparse-optimizer state one rank holds, each table as its table kind stores it."""
-    total = sum(kinds.table_kind(table).memory_bytes(table, trainer, world_size=world_size)
-                for table in trainer.embeddings.tables)
-    return int(total)
+def tier_cache_rows(trainer: TrainerConfig, spec: JobSpec) -> dict[str, int]:
+    """Each tiered table's cache rows per rank, of a sized trainer config."""
+    optimizer, world_size = trainer.optimizer.sparse.name, spec.resources.num_processes
+    return {t.name: t.tier.cache_rows_for(t, optimizer, world_size=world_size)
+            for t in trainer.embeddings.tables if t.tier is not None}
 
 
-def _parameters(layers: list[int]) -> int:
-    return sum(n_in * n_out + n_out for n_in, n_out in zip(layers, layers[1:], strict=False))
-
-
-def _eval_bytes(trainer: TrainerConfig, *, width: int, hot: int) -> int:
-    """What an evaluation holds at its peak: what is gathered of the held-out set (where its size is known), one
-    eval batch, and what the model kind's own metrics hold."""
-    total = 0
-    rows = trainer.data.eval_rows
-    if rows is not None:
-        # Scores and labels of the whole held-out set end up on every rank (all-gather), with the list they
-        # came from.
-        total += rows * 2 * BYTES_PER_FLOAT * 2
-    total += trainer.data.eval_bytes(trainer, width=width, ids_per_feature=hot)
-    total += trainer.model.eval_bytes(trainer, width=width, eval_rows=rows)
-    return total
-
-
-def memory_per_rank(trainer: TrainerConfig, *, world_size: int = 1) -> MemoryEstimate:
-    batch_size = trainer.training.batch_size
-    num_features = len(trainer.embeddings.features)
-    width = max(t.embedding_dim for t in trainer.embeddings.tables)
-    hot = trainer.data.ids_per_feature(trainer)
-    layers = trainer.model.dense_layers(trainer)
-
-    ids = batch_size * num_features * hot * BYTES_PER_ID * 2  # the ids, and their exchange or dedup copy
-    pooled = batch_size * num_features * width * BYTES_PER_FLOAT * _ACTIVATION_COPIES
-    # The sparse gradient: a row for each id the batch touched (at most one per id looked up).
-    sparse_grad = batch_size * num_features * hot * width * BYTES_PER_FLOAT * 2
-    activations = batch_size * (sum(layers) + trainer.data.num_dense) * BYTES_PER_FLOAT * _ACTIVATION_COPIES
-    batch = ids + pooled + sparse_grad + activations
-
-    return MemoryEstimate(
-        tables=table_memory_bytes_per_rank(trainer, world_size=world_size),
-        dense=_parameters(layers) * _FLOATS_PER_DENSE_PARAMETER * BYTES_PER_FLOAT,
-        batch=int(batch), eval=int(_eval_bytes(trainer, width=width, hot=hot)),
-        data=int(trainer.data.memory_bytes(trainer, ids_per_feature=hot)),
-    )
+def why_memory_cannot_fit(spec: JobSpec) -> str | None:
+    """Why the job's ranks cannot fit `resources.memory_per_node`, naming the field (and, for tables held whole
+    in memory, tiering as the way out); None when they fit."""
+    try:
+        trainer = sized_trainer(spec)
+    except sizing.CacheTooSmall as error:
+        return str(error)
+    r = spec.resources
+    estimate = memory_estimate(trainer, spec)
+    ranks = r.procs_per_node or 1
+    if estimate.total * ranks <= r.memory_bytes_per_node:
+        return None
+    message = (f"resources.memory_per_node: the job needs about {estimate.describe()}, "
+               f"{estimate.total * ranks / 2**30:.2f} GiB for {ranks} rank(s) per node, more than memory_per_node "
+               f"({r.memory_per_node})")
+    in_memory = {t.name: kinds.table_kind(t).memory_bytes(t, trainer, world_size=r.num_processes)
+                 for t in trainer.embeddings.tables if t.tier is None}
+    if sum(in_memory.values()) * 2 >= estimate.total:  # tables held whole are most of it: tiering is the way out
+        largest = max(in_memory, key=in_memory.__getitem__)
+        message += (f"; or keep the rows of its largest table, {largest} ({sizing.in_units(in_memory[largest])} "
+                    f"per rank), on the nodes' local disk with only the hot ones in memory: give it a `tier:` "
+                    f"section (embeddings.tables[].tier, docs/trainer.md#tiered-tables)")
+    return message

@@ -17,6 +17,7 @@ from kembed_api.jobs.models import Job, JobEvent, JobMetric
 from kembed_api.jobs.schemas import JobEstimates, JobEventRead, JobList, JobMetricRead, JobRead, Progress
 from kembed_api.platform.db import Executor
 from kembed_api.tenants.models import Tenant
+from kembed_contract import sizing
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec, read_stored
 
@@ -144,10 +145,18 @@ def to_read(
 def _estimates(spec: JobSpec) -> JobEstimates:
     if not isinstance(spec.trainer, BaseModel):  # a spec stored before today's rules, read unchecked: no estimate
         return JobEstimates(table_memory_bytes_per_rank=0, memory_bytes_per_rank=0)
+    try:
+        trainer = estimates.sized_trainer(spec)
+    except sizing.CacheTooSmall:  # stored before its memory was checked this way: it shows what its caches lack
+        return JobEstimates(table_memory_bytes_per_rank=0, memory_bytes_per_rank=0,
+                            local_disk_bytes_per_node=spec.resources.local_disk_bytes_per_node)
     world_size = spec.resources.num_processes
     return JobEstimates(
-        table_memory_bytes_per_rank=estimates.table_memory_bytes_per_rank(spec.trainer, world_size=world_size),
-        memory_bytes_per_rank=estimates.memory_per_rank(spec.trainer, world_size=world_size).total)
+        table_memory_bytes_per_rank=sizing.table_memory_bytes_per_rank(trainer, world_size=world_size),
+        memory_bytes_per_rank=estimates.memory_estimate(trainer, spec).total,
+        tier_cache_rows_per_rank=estimates.tier_cache_rows(trainer, spec),
+        local_disk_bytes_per_node=sizing.local_disk_bytes_per_node(
+            trainer, procs_per_node=spec.resources.procs_per_node or 1, world_size=world_size))
 
 
 def no_forecast(_job_seq: int, _queue_version: int) -> tuple[None, None]:

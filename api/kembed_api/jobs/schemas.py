@@ -39,6 +39,12 @@ class JobEstimates(BaseModel):
         description="Everything one rank is estimated to need (tables, optimizer state, dense model, a step's "
         "batch, an eval, the data source, the runtime): what `resources.memory_per_node` must hold per rank."
     )
+    tier_cache_rows_per_rank: dict[str, int] = Field(
+        default_factory=dict, description="Each tiered table's cache, in rows per rank: its tier's cache_rows or "
+        "cache_mb, or what memory_per_node leaves for it when the tier gives neither.")
+    local_disk_bytes_per_node: int = Field(
+        0, description="Local disk one node needs for the tiered tables' rows of its ranks, with a headroom (what "
+        "`resources.local_disk_per_node` must hold); 0 without tiered tables.")
 
 
 class JobRead(BaseModel):

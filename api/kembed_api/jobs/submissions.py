@@ -316,11 +316,5 @@ def _check_can_run(spec: JobSpec, *, tenant: Row) -> None:
                         f"(quota.max_run_seconds); this job asks for {spec.max_run_seconds}")
     if full := storage_use.over_quota(tenant):
         raise CannotRun(full)
-    estimate = estimates.memory_per_rank(spec.trainer, world_size=spec.resources.num_processes)
-    ranks = spec.resources.procs_per_node or 1
-    if estimate.total * ranks > spec.resources.memory_bytes_per_node:
-        raise CannotRun(
-            f"resources.memory_per_node: the job needs about {estimate.describe()}, "
-            f"{estimate.total * ranks / 2**30:.2f} GiB for {ranks} rank(s) per node, more than memory_per_node "
-            f"({spec.resources.memory_per_node})"
-        )
+    if why := estimates.why_memory_cannot_fit(spec):
+        raise CannotRun(why)

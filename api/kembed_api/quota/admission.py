@@ -30,7 +30,10 @@ __all__ = ["DIMENSIONS", "Demand", "Quota", "RunningJob", "estimate_start_times"
 class _Dimension(NamedTuple):
     demand: str  # its Demand field (the quota model's usage name)
     limit: str  # its Quota field (the quota model's amount name)
+    name: str  # the field people set (QuotaSpec's), as messages name it: `quota.memory`
     unit: str  # what follows a number of it, in words
+    in_words: Callable[[float], str]  # an amount of it with its unit: `8 GPUs`, `1.50 GiB of memory`
+    number: Callable[[float], str]  # an amount of it alone: `8`, `1.50 GiB`
     per_job: Callable[[Resources], float] | None  # what one job holds; None: one (it counts jobs)
     of_quota: bool  # a dimension of the tenant's quota (else the backend's)
     whole: bool  # amounts of it are whole numbers
@@ -38,8 +41,10 @@ class _Dimension(NamedTuple):
 
 # Admission's dimensions, in order: the quota model's held ones, then the backend's trainer processes.
 DIMENSIONS: tuple[_Dimension, ...] = (
-    *(_Dimension(d.used, d.amount, d.unit, d.held.per_job, True, d.whole) for d in QuotaSpec.held()),
-    _Dimension("processes", "max_processes", "trainer processes", lambda r: r.num_processes, False, True),
+    *(_Dimension(d.used, d.amount, d.field, d.unit, d.in_words, d.number, d.held.per_job, True, d.whole)
+      for d in QuotaSpec.held()),
+    _Dimension("processes", "max_processes", "max_processes", "trainer processes",
+               lambda v: f"{v:g} trainer processes", "{:g}".format, lambda r: r.num_processes, False, True),
 )
 _ADD, _SUB = operator.add, operator.sub
 
@@ -66,10 +71,10 @@ class _Limits:
     """What a Quota can do, whatever its dimensions (its fields are generated below)."""
 
     @cached_property
-    def limits(self) -> tuple[tuple[str, float, str, str], ...]:
-        """(Demand field, limit, unit, Quota field) of each limit that is set; computed once (forecasts check
+    def limits(self) -> tuple[tuple[str, float, _Dimension, str], ...]:
+        """(Demand field, limit, dimension, the field people set) of each limit that is set; computed once (forecasts check
         thousands)."""
-        return tuple((d.demand, limit, d.unit, d.limit) for d in DIMENSIONS
+        return tuple((d.demand, limit, d, d.name) for d in DIMENSIONS
                      if (limit := getattr(self, d.limit)) is not None)
 
     @classmethod
@@ -97,10 +102,10 @@ Quota = dataclasses.make_dataclass(
 
 def shortfall(quota: Quota, *, used: Demand, demand: Demand) -> str | None:
     """None if `demand` fits beside `used`; else which limit it would break, in words."""
-    for field, limit, unit, name in quota.limits:
+    for field, limit, d, name in quota.limits:
         if getattr(used, field) + getattr(demand, field) > limit + 1e-9:
-            return (f"quota.{name}: needs {getattr(demand, field):g} {unit}, "
-                    f"{max(0, limit - getattr(used, field)):g} of {limit:g} free")
+            return (f"quota.{name}: needs {d.in_words(getattr(demand, field))}, "
+                    f"{d.number(max(0, limit - getattr(used, field)))} of {d.number(limit)} free")
     return None
 
 
@@ -113,10 +118,9 @@ _COUNTED = tuple(d for d in DIMENSIONS if d.of_quota and d.per_job is None)
 def never_fits(quota: Quota, demand: Demand, *, ceiling: str = "the tenant's quota") -> str | None:
     """Why a job could not run even on an idle tenant (then it must be refused, not queued forever); `ceiling`
     names what `quota` is in the answer."""
-    for field, limit, unit, name in quota.limits:
+    for field, limit, d, name in quota.limits:
         if field in _SIZED and getattr(demand, field) > limit + 1e-9:
-            return (f"the job needs {getattr(demand, field):g} {unit} but {ceiling} "
-                    f"(quota.{name}) is {limit:g}")
+            return f"the job needs {d.in_words(getattr(demand, field))} but {ceiling} (quota.{name}) is {d.number(limit)}"
     for d in _COUNTED:
         if getattr(quota, d.limit) == 0:
             return f"the tenant's quota allows no {d.unit} (quota.{d.limit} is 0)"

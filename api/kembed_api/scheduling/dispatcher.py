@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy import Row, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from kembed_api.backends.base import Backend, Launch, NotReady, Observed
+from kembed_api.backends.base import Backend, CannotStart, Launch, NotReady, Observed
 from kembed_api.jobs import reports, storage_use, transitions
 from kembed_api.jobs.models import Job, JobEvent
 from kembed_api.platform.db import Database, utcnow
@@ -332,6 +332,10 @@ class Dispatcher:
             )
         except NotReady as error:
             job.message = f"admitted; waiting to start: {error}"  # retried on the next pass
+            return
+        except CannotStart as error:
+            transitions.transition(session, job, JobState.FAILED, reason=error.reason, message=str(error),
+                                   now=self.clock())
             return
         except Exception as error:  # one job's trouble must not undo the whole pass for every other job
             log.warning("starting %s failed; retrying on the next pass", job.id, exc_info=True)

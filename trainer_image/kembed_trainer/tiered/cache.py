@@ -24,6 +24,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from kembed_contract import sizing
+
 __all__ = ["EVICT_SHARE", "HALVE_EVERY", "MAX_COUNT", "USE", "Plan", "SlotCache", "aged", "least_used", "simulate"]
 
 MAX_COUNT = 65535
@@ -72,9 +74,8 @@ class SlotCache:
         out = _plan(rows, self.slot_of_row, self.row_of_slot, self.count, self.pin, self.dirty, self.free,
                     self.state, self.generation, self.generation - 1, count, self.halve_every)
         if not out[0]:
-            raise RuntimeError(
-                f"a tiered table's cache of {self.capacity} rows cannot hold two steps' rows ({rows.shape[0]} "
-                f"this step): give its tier more cache rows")
+            raise RuntimeError(f"{sizing.two_steps_words(self.capacity, rows.shape[0])}: give its tier more cache "
+                               "rows (or the job more memory, when the tier gives no size)")
         return Plan(*out[1:])
 
     def resident(self, rows: np.ndarray) -> np.ndarray:
