@@ -87,7 +87,7 @@ def test_a_dynamic_table_is_estimated_at_its_rows_and_its_index():
     """A dynamic table of 10M rows asks each rank for its share of the rows with their optimizer state and of the
     index (16 bytes a row: id, count, last use; and the id -> row map, 12 bytes a slot), and the Bloom filter's
     share."""
-    from kembed_api.jobs.estimates import table_memory_bytes_per_rank
+    from kembed_contract.sizing import table_memory_bytes_per_rank
     from kembed_contract.trainer_config import dynamic_map_slots
 
     spec = make_spec().build()
