@@ -102,11 +102,13 @@ class TieredGroup(embedding.Group):
         table_ids: list[int],
         rank: int,
         world_size: int,
+        counts_admission: bool = True,
     ) -> None:
+        """`counts_admission=False`: a dynamic table's index counts `admit_after` (embedding.Group)."""
         if device.type != "cpu":
             raise ValueError("tiered tables train on CPU for now (the GPU's level, device over host, comes next)")
         super().__init__(tables, [True] * len(tables), device=device, gen=None, seed=seed, table_ids=table_ids,
-                         rank=rank, world_size=world_size, hold_shard=False)
+                         rank=rank, world_size=world_size, hold_shard=False, counts_admission=counts_admission)
         self.optimizer_name = optimizer
         self.seed, self.table_ids, self.rank = seed, table_ids, rank
         local_rows = self.layout.num_local_rows
