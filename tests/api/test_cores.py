@@ -52,3 +52,17 @@ def test_fractional_cpus_are_placed_on_whole_cores_rounded_up(cpu, whole):
 def test_no_cores_is_an_error():
     with pytest.raises(ValueError, match="no cores"):
         CoreAllocator([])
+
+
+def test_the_node_wrapper_runs_its_command_on_the_cores_it_was_given():
+    """The sandbox wrapper every local node starts under pins itself before the exec: the launcher, its ranks and
+    their threads inherit the cores."""
+    import os
+    import subprocess
+
+    from kembed_api.platform.confinement import sandbox_command
+
+    core = max(os.sched_getaffinity(0))
+    command = [*sandbox_command(files=None, network=None, cpus=[core]), "grep", "Cpus_allowed_list", "/proc/self/status"]
+    shown = subprocess.run(command, capture_output=True, text=True, check=True, timeout=60).stdout
+    assert shown.split(":")[1].strip() == str(core)
