@@ -379,7 +379,9 @@ class TrainingConfig(_Strict):
         0, description="Steps between `eval` records; 0 = evaluate only at the end."
     )
     threads: _int(0, 1024) = Field(
-        0, description="torch intra-op threads per rank; 0 = CPU cores / local ranks."
+        0, description="threads per rank (torch's intra-op and inter-op pools); 0 = the rank's share of the job's "
+        "cores (resources.cpu_per_node / procs_per_node), or of the machine's when run by hand; never more than "
+        "that share under a launcher."
     )
 
     @model_validator(mode="after")

@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
         print("usage: python -m kembed_platform.sandbox [--read P]... [--write P]... [--connect PORT[-PORT]]... "
-              "[--bind PORT]... [--files=off] [--join FILE]... [--rlimit NAME=N]... -- COMMAND...", file=sys.stderr)
+              "[--bind PORT]... [--files=off] [--join FILE]... [--rlimit NAME=N]... [--cpus N,N...] -- COMMAND...", file=sys.stderr)
         return 2
     split = argv.index("--")
     parser = argparse.ArgumentParser(prog="python -m kembed_platform.sandbox")
@@ -246,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--files", choices=("on", "off"), default="on")
     parser.add_argument("--join", action="append", default=[])
     parser.add_argument("--rlimit", action="append", default=[])
+    parser.add_argument("--cpus", default=None, help="comma-separated cores the command may run on")
     args = parser.parse_args(argv[:split])
     command = argv[split + 1:]
     # Limits first: joining a cgroup needs its files, which Landlock may not grant.
@@ -254,6 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f.write(str(os.getpid()))
     for setting in args.rlimit:
         _set_rlimit(setting)
+    if args.cpus is not None:
+        # Before the exec: every process and thread the node starts inherits it (kembed_api.backends.cores).
+        os.sched_setaffinity(0, {int(core) for core in args.cpus.split(",")})
     connect = None if args.connect is None else [p for text in args.connect for p in parse_ports(text)]
     bind = None if args.bind is None else [p for text in args.bind for p in parse_ports(text)]
     if args.files == "on" or connect is not None or bind is not None:

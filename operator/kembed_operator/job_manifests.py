@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from kembed_contract import resources, runtime
+from kembed_contract import resources, runtime, threads
 from kembed_contract.storage_policy import POLICY_ENV
 from kembed_operator.settings import OperatorSettings
 from kembed_operator.views import ATTEMPT_LABEL, INDEX_ANNOTATION, JOB_LABEL
@@ -155,6 +155,9 @@ def _env(name: str, spec: resources.EmbeddingJobSpec, settings: OperatorSettings
         {"name": runtime.ENV_MEMORY_PER_RANK, "value": str(spec.resources.memory_bytes_per_rank)},
         # The trainer writes why it failed there; the kubelet puts it in the pod's status for the exit policy.
         {"name": runtime.ENV_TERMINATION_LOG, "value": runtime.TERMINATION_LOG_PATH},
+        # Each rank's threads: its share of the pod's CPU request, never the node's cores (the one thread policy).
+        *({"name": k, "value": v} for k, v in threads.thread_environ(
+            spec.resources.cpu_per_node, spec.resources.procs_per_node or 1).items()),
     ]
     if spec.resources.local_disk_per_node:
         env.append({"name": runtime.ENV_LOCAL_DIR, "value": LOCAL_MOUNT})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from kembed_contract import job_seconds
 from tests.builders import make_spec
 from tests.cluster.fixture import wait_for
 
@@ -149,6 +150,26 @@ def test_a_record_replayed_after_another_run_reported_is_applied_once(client, ba
         assert client.post(url, json=record, headers=auth).status_code == 204
     series = client.get(f"/v1/jobs/{job['id']}/metrics", params={"event": "progress"}).json()
     assert [point["values"]["loss"] for point in series] == [0.5, 0.4]
+
+
+def test_the_trainer_s_seconds_split_the_job_s_wall_time_and_are_no_metric(client, backend):
+    """What a trainer reports of its phases becomes the job's split (kembed_contract.job_seconds), kept to what a
+    trainer may say: a negative, a non-number or a phase only the platform measures is dropped."""
+    job = client.post("/v1/jobs", json=make_spec().build()).json()
+    assert job["seconds"]["queued"] == job["seconds"]["wall"]  # not admitted yet: all of it queued
+    wait_for(lambda: backend.started or client.get("/healthz") and None, what="the job to start")
+    url, auth = f"/v1/jobs/{job['id']}/reports", {"Authorization": f"Bearer {backend.started[0].report_token}"}
+    seconds = {"process_start": 0.002, "imports": 0.003, "training": -5, "data": "1", "queued": 99.0}
+    record = {"event": "progress", "step": 5, "loss": 0.5, "run": "r1", "seq": 1, "seconds": seconds}
+    assert client.post(url, json=record, headers=auth).status_code == 204
+    read = client.get(f"/v1/jobs/{job['id']}").json()
+    assert "seconds" not in read["metrics"] and read["metrics"]["loss"] == 0.5
+    split = read["seconds"]
+    assert split["process_start"] == 0.002 and split["imports"] == 0.003
+    assert split["training"] == split["data"] == 0.0 and split["queued"] < 99.0
+    assert sum(split[p] for p in job_seconds.PHASES) == pytest.approx(split["wall"], abs=0.01)
+    series = client.get(f"/v1/jobs/{job['id']}/metrics", params={"event": "progress"}).json()
+    assert "seconds" not in series[0]["values"]
 
 
 def test_openapi_and_health(client):

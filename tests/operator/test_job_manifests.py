@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kembed_contract import resources, runtime, sizing
+from kembed_contract import resources, runtime, sizing, threads
 from kembed_operator import job_manifests
 from kembed_operator.settings import OperatorSettings
 from tests.builders import SpecBuilder, operator_job
@@ -142,3 +142,12 @@ def test_a_job_without_tiers_gets_no_local_volume_and_requests_no_disk():
     assert runtime.ENV_LOCAL_DIR not in _env(job)
     # Zero, not nothing: a namespace whose quota limits local disk admits only pods that say what they take.
     assert pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "0"
+
+
+@pytest.mark.parametrize("cpu, procs, per_rank", [(4.0, 2, "2"), (1.0, 1, "1"), (0.5, 1, "1")])
+def test_each_pod_s_ranks_run_their_share_of_the_cpu_request_not_the_node_s_cores(cpu, procs, per_rank):
+    builder = operator_job("threads").with_resources(cpu_per_node=cpu, procs_per_node=procs, gpus_per_node=procs)
+    job, _ = _children(builder)
+    env = _env(job)
+    assert env[threads.ENV_THREADS_PER_RANK] == env["OMP_NUM_THREADS"] == env["NUMBA_NUM_THREADS"] == per_rank
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"

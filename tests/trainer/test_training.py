@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import weakref
 
 import pytest
 
+from kembed_contract import job_seconds
 from kembed_contract import trainer_config as config
 from kembed_trainer import dist, report, train
 from tests.trainer.conftest import (
@@ -74,7 +76,8 @@ def test_records_have_the_contract_fields(tmp_path, ckpt_uri):
     assert all({"event", "step", "time"} <= r.keys() for r in recs)
     # Every record carries its run and its place in it, so the API applies a redelivered one once.
     assert [r["seq"] for r in recs] == list(range(1, len(recs) + 1)) and len({r["run"] for r in recs}) == 1
-    assert recs[0] | {"time": 0, "run": None} == {
+    assert recs[0] | {"time": 0, "run": None, "seconds": None} == {
+        "seconds": None,  # below
         "run": None,
         "seq": 1,
         "event": "started",
@@ -88,6 +91,12 @@ def test_records_have_the_contract_fields(tmp_path, ckpt_uri):
     }
     progress = recs[1]
     assert {"total_steps", "loss", "samples_per_sec", "unique_ids_per_step", "memory_mb"} <= progress.keys()
+    # The seconds by phase so far (kembed_contract.job_seconds) ride on started, progress and done, never falling.
+    timed = [r["seconds"] for r in recs if r["event"] in ("started", "progress", "done")]
+    assert all(set(s) == set(job_seconds.TRAINER_PHASES) for s in timed)
+    assert all(later[p] >= earlier[p] for earlier, later in itertools.pairwise(timed) for p in later)
+    assert timed[0]["data"] > 0 and timed[0]["training"] == 0
+    assert timed[-1]["training"] > 0 and timed[-1]["evaluation"] > 0 and timed[-1]["saving"] > 0
     ckpt = next(r for r in recs if r["event"] == "checkpoint")
     assert ckpt["uri"] == f"{ckpt_uri}/step-30" and ckpt["num_bytes"] > 0
     assert 0 <= ckpt["blocked_seconds"] <= ckpt["seconds"]

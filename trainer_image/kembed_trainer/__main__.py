@@ -9,14 +9,19 @@ checkpoint.
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-import traceback
+import time
 
-from kembed_contract import runtime, sizing, storage_policy
-from kembed_contract import trainer_config as config
-from kembed_trainer import storage
+# The trainer's first line: process start ends here and its imports begin (kembed_contract.job_seconds).
+_ENTERED_AT = time.time()
+
+import argparse  # noqa: E402  (after the clock, which times them)
+import os  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+
+from kembed_contract import runtime, sizing, storage_policy  # noqa: E402
+from kembed_contract import trainer_config as config  # noqa: E402
+from kembed_trainer import storage  # noqa: E402
 
 # What bad data raises: a ValueError by convention (pyarrow's parse errors and bad UTF-8 are ValueErrors too), or
 # a data file that is not there.
@@ -76,14 +81,16 @@ def main(argv: list[str] | None = None) -> int:
         return _bad_input(f"config error: {exc}".splitlines()[0])
 
     # Heavy imports only after the config is known to be good, so a typo fails in milliseconds.
-    from kembed_trainer import checkpoint, dist, report, train
+    from kembed_trainer import checkpoint, dist, phases, report, train
 
-    env = dist.setup(cfg.distributed.backend, cfg.training.threads, cpu_only=cfg.model.cpu_only)
+    clock = phases.PhaseClock.since_launch(_ENTERED_AT)
+    with clock.phase("process_start"):  # torchrun's rendezvous: joining the process group
+        env = dist.setup(cfg.distributed.backend, cfg.training.threads, cpu_only=cfg.model.cpu_only)
     reporter = report.Reporter.from_env(enabled=env.is_main)
     code = None
     try:
         cfg = _with_tier_caches(cfg, world_size=env.world_size)
-        trainer = train.Trainer(cfg, env, reporter, guard=guard)
+        trainer = train.Trainer(cfg, env, reporter, guard=guard, clock=clock)
         try:
             code = trainer.train()
             return code

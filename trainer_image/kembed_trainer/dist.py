@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import os
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Env", "gather", "setup", "teardown"]
+from kembed_contract import threads as thread_policy
+
+__all__ = ["Env", "gather", "rank_threads", "setup", "teardown"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,11 +47,24 @@ def setup(backend: str, threads: int, *, cpu_only: bool = False) -> Env:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    # Ranks on one machine share its cores: oversubscribing them makes every rank slower.
-    torch.set_num_threads(threads or max(1, len(os.sched_getaffinity(0)) // local_world_size))
+    num_threads = rank_threads(threads, local_world_size=local_world_size)
+    torch.set_num_threads(num_threads)
+    with contextlib.suppress(RuntimeError):  # torch refuses once its inter-op pool has run (a second setup)
+        torch.set_num_interop_threads(num_threads)
     if world_size > 1:
         dist.init_process_group(backend=backend, device_id=device if use_cuda else None)
     return Env(rank, world_size, local_rank, local_world_size, device)
+
+
+def rank_threads(configured: int, *, local_world_size: int, environ: Mapping[str, str] | None = None) -> int:
+    """This rank's threads (torch's intra-op and inter-op pools, a compiled step's workers): the launcher's share
+    of the job's cores (kembed_contract.threads), else the cores this process may run on shared by the node's ranks
+    (a trainer run by hand); `training.threads` when given, held to the launcher's share (more threads than the
+    job was admitted with would run on cores promised to other jobs)."""
+    cores = max(1, len(os.sched_getaffinity(0)) // local_world_size)
+    share = thread_policy.threads_per_rank(environ)
+    limit = share if share is not None else cores
+    return min(configured, limit) if configured else limit
 
 
 def teardown() -> None:

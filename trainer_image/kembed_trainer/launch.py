@@ -11,13 +11,21 @@ arguments, the same launch code (torch.distributed.run.run), but the process the
 - 0 when every worker succeeded.
 """
 
-import signal
-import sys
+import time
 
-from kembed_contract.runtime import EXIT_BAD_CONFIG, EXIT_OUT_OF_MEMORY, exit_code
+_STARTED_AT = time.time()  # before the rest of the launcher's imports: they are process start too
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+
+from kembed_contract.job_seconds import ENV_LAUNCHED_AT  # noqa: E402
+from kembed_contract.runtime import EXIT_BAD_CONFIG, EXIT_OUT_OF_MEMORY, exit_code  # noqa: E402
 
 
 def main(argv=None):
+    # The workers inherit it: their process start counts from here (kembed_contract.job_seconds).
+    os.environ[ENV_LAUNCHED_AT] = repr(_STARTED_AT)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run

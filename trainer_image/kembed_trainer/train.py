@@ -24,6 +24,7 @@ from kembed_trainer import (
     kinds,
     malloc,
     metrics,
+    phases,
     report,
     row_index,
     sparse_optim,
@@ -38,9 +39,15 @@ __all__ = ["Trainer"]
 
 class Trainer:
     def __init__(self, cfg: config.TrainerConfig, env: kdist.Env, reporter: report.Reporter, *,
-                 guard: storage.Guard | None = None) -> None:
-        """`guard`: the storage policy every file goes through; by default the launcher's (storage_policy.POLICY_ENV)."""
-        guard = guard or storage.Guard.from_env()
+                 guard: storage.Guard | None = None, clock: phases.PhaseClock | None = None) -> None:
+        """`guard`: the storage policy every file goes through; by default the launcher's (storage_policy.POLICY_ENV).
+        `clock`: where the job's seconds by phase are counted (started at the process's start by __main__)."""
+        self.clock = clock or phases.PhaseClock()
+        with self.clock.phase("data"):  # the tables and the data (the vocabulary too); the kind's compilation aside
+            self._build(cfg, env, reporter, guard=guard or storage.Guard.from_env())
+
+    def _build(self, cfg: config.TrainerConfig, env: kdist.Env, reporter: report.Reporter, *,
+               guard: storage.Guard) -> None:
         self.cfg, self.env, self.reporter = cfg, env, reporter
         torch.manual_seed(cfg.training.seed)  # the same dense init on every rank
         self.embeddings = embedding.EmbeddingCollection(
@@ -90,9 +97,10 @@ class Trainer:
             if cfg.checkpoint.uri
             else None
         )
-        self.compiled = self.kind.compiled_step(cfg, data=self.data, embeddings=self.embeddings,
-                                                total_steps=self.total_steps, rank=env.rank,
-                                                world_size=env.world_size)
+        with self.clock.phase("imports"):  # a compiled step compiles its kernel (or loads it from numba's cache)
+            self.compiled = self.kind.compiled_step(cfg, data=self.data, embeddings=self.embeddings,
+                                                    total_steps=self.total_steps, rank=env.rank,
+                                                    world_size=env.world_size)
         self.step = 0
         self._last_eval: dict | None = None
         self._last_eval_step: int | None = None
@@ -124,7 +132,30 @@ class Trainer:
             resumed_from=resumed_from,
             embedding_mb=round(self.embeddings.num_bytes / 2**20, 3),
             dataset=self.dataset,
+            seconds=self.clock.seconds(),
         )
+        with self.clock.phase("training"):  # its evals and saves count as theirs (nested phases)
+            if (stopped := self._loop(total)) is not None:
+                return stopped
+        if self._last_eval_step != self.step:  # not just evaluated (an early stop did)
+            self.evaluate_and_keep_best()
+        last = self._last_eval
+        self.save(wait=True)
+        last_uri = self._last_saved.uri if self._last_saved else None
+        seconds = self.clock.seconds()
+        if self.cfg.evaluation.keep_best and self.best.best_step is not None:
+            # The job's result is its best eval and that checkpoint; the last is kept beside it.
+            best_uri = self.checkpointer.step_uri(self.best.best_step) if self.checkpointer else None
+            self.reporter.emit(runtime.EVENT_DONE, self.step, eval=self.best.result(), checkpoint=best_uri,
+                               best_step=self.best.best_step, last_eval=last, last_checkpoint=last_uri,
+                               stopped_early=self.step < total, seconds=seconds)
+        else:
+            self.reporter.emit(runtime.EVENT_DONE, self.step, eval=last, checkpoint=last_uri,
+                               stopped_early=self.step < total, seconds=seconds)
+        return 0
+
+    def _loop(self, total: int) -> int | None:
+        """Train until step `total` or an early stop (None), or until asked to stop (runtime.EXIT_STOPPED)."""
         window = _Window()
         while self.step < total:
             started = time.perf_counter()
@@ -133,7 +164,8 @@ class Trainer:
             stop = self._sync_stop_and_loss(loss, window, started, data_seconds)
             if self._due(self.cfg.training.log_every):
                 stats = {**window.flush(self), **self.masks.stats()}
-                self.reporter.emit(runtime.EVENT_PROGRESS, self.step, total_steps=total, **stats)
+                self.reporter.emit(runtime.EVENT_PROGRESS, self.step, total_steps=total, **stats,
+                                   seconds=self.clock.seconds())
             # An eval that exhausts the patience stops training early, as if at the end.
             if self._due(self.cfg.training.eval_every) and self.step < total and self.evaluate_and_keep_best():
                 break
@@ -143,25 +175,12 @@ class Trainer:
             if self._due(self.cfg.checkpoint.every_steps) and self.step < total:
                 self.save()
             self._report_saves(wait=False)
-        if self._last_eval_step != self.step:  # not just evaluated (an early stop did)
-            self.evaluate_and_keep_best()
-        last = self._last_eval
-        self.save(wait=True)
-        last_uri = self._last_saved.uri if self._last_saved else None
-        if self.cfg.evaluation.keep_best and self.best.best_step is not None:
-            # The job's result is its best eval and that checkpoint; the last is kept beside it.
-            best_uri = self.checkpointer.step_uri(self.best.best_step) if self.checkpointer else None
-            self.reporter.emit(runtime.EVENT_DONE, self.step, eval=self.best.result(), checkpoint=best_uri,
-                               best_step=self.best.best_step, last_eval=last, last_checkpoint=last_uri,
-                               stopped_early=self.step < total)
-        else:
-            self.reporter.emit(runtime.EVENT_DONE, self.step, eval=last, checkpoint=last_uri,
-                               stopped_early=self.step < total)
-        return 0
+        return None
 
     def evaluate_and_keep_best(self) -> bool:
         """Evaluate, report, and save a checkpoint when the eval is the best yet; whether patience ran out."""
-        result = self.evaluate()
+        with self.clock.phase("evaluation"):
+            result = self.evaluate()
         self._last_eval, self._last_eval_step = result, self.step
         improved = self.best.update(self.step, result)
         self.reporter.emit(runtime.EVENT_EVAL, self.step, best=improved, **result)
@@ -304,6 +323,10 @@ class Trainer:
         """Start a checkpoint of this step (unless there is one); with `wait`, return once every save landed."""
         if self.checkpointer is None:
             return
+        with self.clock.phase("saving"):
+            self._save(wait=wait)
+
+    def _save(self, *, wait: bool) -> None:
         tiered = self.embeddings.tier_fields()
         if self._saved_step != self.step:
             started = time.perf_counter()  # training stalls from here until the state is copied

@@ -23,12 +23,12 @@ from typing import Any
 
 import yaml
 
-from kembed_api.backends import local_disk, node_logs
+from kembed_api.backends import cores, local_disk, node_logs
 from kembed_api.backends.base import CannotStart, Exit, Launch, NotReady
 from kembed_api.platform import confinement
 from kembed_api.platform.ports import free_port
 from kembed_api.quota.admission import Quota
-from kembed_contract import lifecycle, runtime, sizing
+from kembed_contract import lifecycle, runtime, sizing, threads
 from kembed_contract.quota import QuotaSpec, SharingSpec
 from kembed_contract.resources import TenantUsage
 from kembed_contract.spec import JobSpec
@@ -56,6 +56,7 @@ class _Gang:
     processes: list[subprocess.Popen]
     pumps: list[subprocess.Popen]  # each node's log writer (backends.node_logs)
     limits: list[confinement.NodeLimit]
+    cores: list[list[int]]  # each node's cores (backends.cores)
     local_dir: Path  # runtime.ENV_LOCAL_DIR of its trainers: their tiers' files
     local_disk_bytes: int  # what its nodes asked for there together (resources.local_disk_per_node x nodes)
     stop_requested_at: float | None = None
@@ -97,6 +98,10 @@ def _write_anew(path: Path, text: str) -> None:
         f.write(text)
 
 
+def _core_list(node_cores: list[int]) -> str:
+    return ",".join(str(core) for core in node_cores)
+
+
 def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
@@ -136,6 +141,7 @@ class LocalBackend:
         self.slots = slots
         self.memory_bytes = memory_bytes or machine_memory_bytes()
         self.cpus = cpus or machine_cpus()
+        self.core_allocator = cores.CoreAllocator(sorted(os.sched_getaffinity(0)))
         self.stop_grace_s = stop_grace_s
         self.free_disk = free_disk
         self._gangs: dict[str, _Gang] = {}
@@ -260,10 +266,8 @@ class LocalBackend:
             runtime.ENV_LOCAL_DIR: str(local_dir),
             runtime.ENV_MEMORY_PER_RANK: str(resources.memory_bytes_per_rank),
             "PYTHONUNBUFFERED": "1",
-            # Share the cores among this job's ranks instead of letting each grab all of them, and no more threads
-            # than the node's CPU limit lets run at once (more would only wait their turn).
-            "OMP_NUM_THREADS": str(max(1, min((os.cpu_count() or 1) // resources.num_processes,
-                                              int(resources.cpu_per_node // resources.procs_per_node)))),
+            # Each rank runs its share of the cores the job was admitted with, never the machine's.
+            **threads.thread_environ(resources.cpu_per_node, resources.procs_per_node or 1),
         }
         if launch.storage_policy is not None:
             env[POLICY_ENV] = launch.storage_policy.to_json()
@@ -281,6 +285,7 @@ class LocalBackend:
             network = confinement.network_rules(report_url=launch.report_url, rendezvous_port=port, environ=env,
                                                 policy=launch.storage_policy)
         limits = confinement.node_limits(resources)
+        placement = self.core_allocator.take(launch.job_id, nodes=resources.nodes, cpu_per_node=resources.cpu_per_node)
         processes, pumps, node_limits = [], [], []
         try:
             for node_rank in range(resources.nodes):
@@ -293,7 +298,7 @@ class LocalBackend:
                     master_addr="127.0.0.1", master_port=port, rdzv_id=launch.job_id, config=str(config_path),
                 )
                 sandboxed = confinement.sandbox_command(files=files, network=network, joins=limit.joins,
-                                                        rlimits=limit.rlimits)
+                                                        rlimits=limit.rlimits, cpus=placement[node_rank])
                 log_path = node_logs.node_log(log_dir, node_rank)
                 header = node_logs.LogPump(log_path, self.log_bytes_per_node)
                 header.write(f"=== attempt {launch.attempt} of job {launch.job_id}, node {node_rank} ===\n".encode())
@@ -319,11 +324,13 @@ class LocalBackend:
                 limit.release()
             for pump in pumps:
                 pump.kill()
+            self.core_allocator.release(launch.job_id)
             raise
         with self._lock:
             self._gangs[launch.job_id] = _Gang(processes=processes, pumps=pumps, limits=node_limits,
-                                               local_dir=local_dir, local_disk_bytes=local_disk_bytes)
-        described = self._describe(limits)
+                                               cores=placement, local_dir=local_dir,
+                                               local_disk_bytes=local_disk_bytes)
+        described = f"{self._describe(limits)}; cores: {'; '.join(_core_list(c) for c in placement)}"
         log.info("job %s attempt %d: %s", launch.job_id, launch.attempt, described)
         return {"pids": [p.pid for p in processes], "attempt": launch.attempt, "confinement": described}
 
@@ -380,6 +387,7 @@ class LocalBackend:
         if gang:
             for limit in gang.limits:
                 limit.release()
+            self.core_allocator.release(job_id)
 
     def stop(self, job_id: str) -> None:
         with self._lock:

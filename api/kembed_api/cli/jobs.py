@@ -23,7 +23,7 @@ from kembed_api.cli.common import (
     request,
     styled_state,
 )
-from kembed_contract import kinds, runtime
+from kembed_contract import job_seconds, kinds, runtime
 from kembed_contract import trainer_config as config
 from kembed_contract.lifecycle import JobState
 
@@ -157,6 +157,13 @@ def dynamic_tables_line(metrics: dict) -> str | None:
     return f"dynamic    {in_use}; since the eval before: {', '.join(since)}"
 
 
+def seconds_line(seconds: dict[str, float]) -> str:
+    """`seconds    41.2 s: queued 0.1, process start 3.0, ...`: where the job's wall time went, every phase shown
+    (a zero too: that a phase took nothing is news), in the contract's order."""
+    phases = ", ".join(f"{label} {seconds.get(phase, 0.0):.1f}" for phase, label in job_seconds.PHASE_LABELS.items())
+    return f"seconds    {seconds['wall']:.1f} s: {phases}"
+
+
 def status(job_id: str, server: ServerOption = "http://127.0.0.1:8080") -> None:
     """Show one job: state, progress, metrics, checkpoint and its events."""
     job = request(server, lambda client: client.job(job_id))
@@ -176,6 +183,8 @@ def status(job_id: str, server: ServerOption = "http://127.0.0.1:8080") -> None:
         console.print("result     " + ", ".join(f"{k}={fmt(v)}" for k, v in result.items()))
     if job.get("dataset"):
         console.print("dataset    " + ", ".join(f"{k}={v:,}" for k, v in job["dataset"].items()))
+    if job.get("seconds"):
+        console.print(seconds_line(job["seconds"]))
     console.print(f"latest checkpoint {job['latest_checkpoint_uri'] or '-'}")
     events = Table("TIME", "STATE", "REASON", "MESSAGE", title="events")
     for event in job["events"]:

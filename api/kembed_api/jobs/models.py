@@ -75,6 +75,10 @@ class Job(_HeldColumns, Base):
     running_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     # The training data's size as the trainer read it (rows, sentences, tokens, vocabulary); null until it starts.
     dataset: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # The latest run's trainer seconds by phase (kembed_contract.job_seconds.TRAINER_PHASES); null until it reports.
+    trainer_seconds: Mapped[dict[str, float] | None] = mapped_column(JSON, default=None)
+    # When its `done` record (the result) arrived: the job's exit phase runs from here to its end.
+    trainer_done_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
 
     # What the backend needs to find the job's processes or resources again after a restart.
     backend_state: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -15,13 +15,14 @@ from kembed_api.jobs.errors import JobNotFound
 from kembed_api.jobs.ids import is_job_id
 from kembed_api.jobs.models import Job, JobEvent, JobMetric
 from kembed_api.jobs.schemas import JobEstimates, JobEventRead, JobList, JobMetricRead, JobRead, Progress
-from kembed_api.platform.db import Executor
+from kembed_api.platform.db import Executor, utcnow
 from kembed_api.tenants.models import Tenant
-from kembed_contract import sizing
+from kembed_contract import job_seconds, sizing
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec, read_stored
 
-__all__ = ["get_job", "list_events", "list_jobs", "list_metrics", "no_forecast", "read_job", "to_read"]
+__all__ = ["get_job", "list_events", "list_jobs", "list_metrics", "no_forecast", "read_job", "seconds_split",
+           "to_read"]
 
 # Statements of the paths every read and submission takes, built once with bound parameters: building a select()
 # and its cache key on each call costs about as much CPU as SQLite takes to run it.
@@ -132,6 +133,7 @@ def to_read(
         metrics=job.metrics,
         result=job.result,
         dataset=job.dataset,
+        seconds=seconds_split(job),
         latest_checkpoint_uri=job.latest_checkpoint_uri,
         checkpoint_step=job.checkpoint_step,
         queue_position=queue[0] if queue else None,
@@ -140,6 +142,17 @@ def to_read(
         spec=spec,
         events=events or [],
     )
+
+
+def seconds_split(job: Job | Row, *, now: datetime | None = None) -> dict[str, float]:
+    """The job's wall time by phase (kembed_contract.job_seconds): submission to its end, or to `now`."""
+    end = job.finished_at or now or utcnow()
+    queued_until = job.admitted_at or end  # never admitted: queued all along
+    wall = (end - job.created_at).total_seconds()
+    exited = (end - job.trainer_done_at).total_seconds() if job.trainer_done_at and job.finished_at else 0.0
+    split = job_seconds.split(wall_seconds=wall, queued_seconds=(queued_until - job.created_at).total_seconds(),
+                              trainer=job_seconds.parse_trainer_seconds(job.trainer_seconds), exit_seconds=exited)
+    return {"wall": round(max(0.0, wall), 3), **split}
 
 
 def _estimates(spec: JobSpec) -> JobEstimates:

@@ -15,7 +15,7 @@ from kembed_api.jobs import storage_use
 from kembed_api.jobs.models import Job, JobMetric
 from kembed_api.jobs.schemas import ReportRecord
 from kembed_api.platform.db import utcnow
-from kembed_contract import runtime
+from kembed_contract import job_seconds, runtime
 from kembed_contract.lifecycle import TERMINAL_STATES, JobState
 
 __all__ = ["apply_report", "new_report_token", "verify_report_token"]
@@ -67,9 +67,14 @@ def apply_report(session: Session, *, job: Job, record: ReportRecord, now: datet
         seen.pop(record.run, None)
         seen[record.run] = record.seq  # the most recent run last, so the oldest is forgotten first
         job.report_seqs = dict(list(seen.items())[-_RUNS_REMEMBERED:])
+    # The trainer's seconds by phase so far: the split of the job's wall time, not a metric.
+    if (seconds := job_seconds.parse_trainer_seconds(values.pop("seconds", None))) is not None:
+        job.trainer_seconds = seconds
     job.step = max(job.step, record.step) if record.event != runtime.EVENT_STARTED else record.step
     if record.model_extra and isinstance(record.model_extra.get("total_steps"), int):
         job.total_steps = record.model_extra["total_steps"]
+    if record.event == runtime.EVENT_STARTED:
+        job.trainer_done_at = None  # a new run: an earlier run's result no longer ends the job
     if record.event == runtime.EVENT_STARTED and isinstance(values.get("dataset"), dict):
         job.dataset = {k: v for k, v in values["dataset"].items() if isinstance(v, int)}
     if record.event == runtime.EVENT_PROGRESS:
@@ -85,5 +90,6 @@ def apply_report(session: Session, *, job: Job, record: ReportRecord, now: datet
             storage_use.record_job_bytes(session, job, checkpoint_bytes=stored)
     elif record.event == runtime.EVENT_DONE:
         job.result = values.get("eval") if isinstance(values.get("eval"), dict) else {}
+        job.trainer_done_at = now or utcnow()
     session.add(JobMetric(job_seq=job.seq, time=now or utcnow(), event=record.event, step=record.step,
                           values=values))

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from kembed_contract import job_seconds
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec
 from kembed_contract.trainer_config import NumbersOnly
@@ -47,6 +48,15 @@ class JobEstimates(BaseModel):
         "`resources.local_disk_per_node` must hold); 0 without tiered tables.")
 
 
+# Seconds by phase, one field per phase of kembed_contract.job_seconds (the docs there say what each counts).
+JobSeconds = create_model(
+    "JobSeconds",
+    __doc__="The job's wall time from submission to its end (or to now) split by phase; the phases sum to `wall`.",
+    wall=(float, Field(description="Seconds from submission to the job's end, or to now while it has not ended.")),
+    **{phase: (float, Field(description=f"Seconds of {label}.")) for phase, label in job_seconds.PHASE_LABELS.items()},
+)
+
+
 class JobRead(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={
@@ -85,6 +95,9 @@ class JobRead(BaseModel):
         description="The training data's size as the trainer read it (null until it started): `train_rows`, "
         "`eval_rows` (table data); `train_sentences`, `train_tokens`, `eval_sentences`, `vocab_size` (text).",
     )
+    seconds: JobSeconds = Field(  # type: ignore[valid-type]  # a model made from the contract's phases
+        description="Where the job's wall time went: queued, process start, imports and compilation, data, "
+        "training, evaluation, saving and the rest (`other`).")
     latest_checkpoint_uri: str | None = Field(
         description="URI of the latest complete checkpoint (a `step-N` folder inside spec.trainer.checkpoint.uri).")
     checkpoint_step: int | None = Field(description="Its step.")

@@ -240,8 +240,10 @@ class _NewJob:
 
     row: dict[str, Any]  # every column a new job sets (an insert run for many rows needs the same keys in each)
     spec: JobSpec
-    # Not in `row`: a JSON column stores None as the JSON value null; left out, `result` stays SQL NULL.
+    # Not in `row`: a JSON column stores None as the JSON value null; left out, these stay SQL NULL.
     result: None = None
+    trainer_seconds: None = None
+    trainer_done_at: None = None
 
     def __getattr__(self, column: str) -> Any:  # job.priority, ...: what to_read reads of a job
         try:

@@ -135,9 +135,13 @@ def network_rules(*, report_url: str, rendezvous_port: int, environ: Mapping[str
 
 
 def sandbox_command(*, files: tuple[list[str], list[str]] | None, network: tuple[list[str], list[str]] | None,
-                    joins: Iterable[str] = (), rlimits: Mapping[str, int] | None = None) -> list[str]:
-    """`python -m kembed_platform.sandbox ... --`: what one node starts under (None: no Landlock for that part)."""
+                    joins: Iterable[str] = (), rlimits: Mapping[str, int] | None = None,
+                    cpus: Iterable[int] | None = None) -> list[str]:
+    """`python -m kembed_platform.sandbox ... --`: what one node starts under (None: no Landlock for that part;
+    `cpus`: the cores it runs on, None: any)."""
     args = [f"--join={path}" for path in joins]
+    if cpus is not None:
+        args.append("--cpus=" + ",".join(str(core) for core in cpus))
     args += [f"--rlimit={name}={value}" for name, value in (rlimits or {}).items()]
     if files is None:
         args.append("--files=off")
