@@ -20,8 +20,6 @@ Each model trains in this process (one rank, `--threads` torch threads), all in 
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import os
 import pathlib
 import sys
@@ -35,9 +33,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "trainer_image"))
 sys.path.insert(0, str(REPO))
 
+from benchmarks.in_process import train_in_process  # noqa: E402
 from kembed_contract import kinds  # noqa: E402 - after the path insert
 from kembed_contract import trainer_config as config  # noqa: E402
-from kembed_trainer import dist, report, train  # noqa: E402
 from tests import real_data  # noqa: E402
 from tests.trainer.test_real_data import movielens_config  # noqa: E402
 
@@ -85,14 +83,7 @@ def admission(num_steps: int, batch: int, num_ids: int, admit_after: int, bloom_
 
 # ----------------------------------------------------------------------------------------------- training
 def run(cfg: dict, threads: int) -> tuple[dict, float]:
-    env = dist.setup("gloo", threads)
-    out = io.StringIO()
-    started = time.perf_counter()
-    trainer = train.Trainer(config.TrainerConfig.model_validate(cfg), env, report.Reporter(enabled=True, out=out))
-    trainer.train()
-    trainer.close()
-    seconds = time.perf_counter() - started
-    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    records, seconds = train_in_process(cfg, threads)
     evals = [r for r in records if r["event"] == "eval"]
     return evals[-1], seconds
 
