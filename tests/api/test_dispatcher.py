@@ -23,7 +23,9 @@ def dispatcher(db, backend):
 
 
 def submit(db, builder) -> str:
-    with db.session() as session:
+    # A write session, as the API's: a unit that reads and then writes beside a running dispatcher thread must hold
+    # SQLite's write lock from the start, or it fails "database is locked" when a pass commits in between.
+    with db.session(write=True) as session:
         tenant = ensure_tenant(session, name="default")
         job, _ = submissions.submit(session, tenant=tenant, spec=JobSpec.model_validate(builder.build()),
                                 storage=PlatformStorage(checkpoint_root="file:///tmp/ckpt"))
