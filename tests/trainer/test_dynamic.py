@@ -291,9 +291,12 @@ sys.exit(__main__.main())
 """
 
 
-def test_a_rank_of_two_killed_mid_run_resumes_to_the_uninterrupted_state(tmp_path):
+@pytest.mark.parametrize("then", [pytest.param(2, id="2-to-2"), pytest.param(1, id="2-to-1")])
+def test_a_rank_of_two_killed_mid_run_resumes_to_the_uninterrupted_state(tmp_path, then):
     """Two ranks, each owning its ids: rank 1 SIGKILLed at step 17, the gang resumes from step 15 and ends where
-    a gang never killed ends, loss for loss."""
+    a gang never killed ends, loss for loss. At another world size no run equals one at two ranks, so the
+    reference is the uninterrupted run's own checkpoints up to step 15, resumed at that size."""
+    import shutil
     import subprocess
     import sys
 
@@ -302,6 +305,13 @@ def test_a_rank_of_two_killed_mid_run_resumes_to_the_uninterrupted_state(tmp_pat
     code, whole, stderr = run_trainer(write_config(tmp_path / "whole.yaml", dynamic_config(
         f"file://{tmp_path}/a", 25)), nproc=2, timeout=600)
     assert code == 0, stderr
+    if then != 2:
+        shutil.copytree(tmp_path / "a", tmp_path / "reference",
+                        ignore=lambda folder, names: [n for n in names if n.startswith("step-") and int(n[5:]) > 15])
+        code, whole, stderr = run_trainer(write_config(tmp_path / "reference.yaml", dynamic_config(
+            f"file://{tmp_path}/reference", 25)), nproc=then, timeout=600)
+        assert code == 0, stderr
+        assert whole[0]["resumed_from"] == f"file://{tmp_path}/reference/step-15"
     (tmp_path / "kill.py").write_text(KILLS_RANK_1)
     path = write_config(tmp_path / "c.yaml", dynamic_config(f"file://{tmp_path}/b", 25))
     killed = subprocess.run(  # noqa: PLW1510 - the exit code is what we test
@@ -310,11 +320,11 @@ def test_a_rank_of_two_killed_mid_run_resumes_to_the_uninterrupted_state(tmp_pat
         env=trainer_env(), capture_output=True, text=True, timeout=600, cwd=REPO)
     assert killed.returncode == 128 + 9, killed.stderr[-3000:]
     assert max(r["step"] for r in records(killed.stdout) if r["event"] == "progress") == 17  # then killed
-    code, then, stderr = run_trainer(path, nproc=2, timeout=600)
+    code, resumed, stderr = run_trainer(path, nproc=then, timeout=600)
     assert code == 0, stderr
-    assert then[0]["resumed_from"] == f"file://{tmp_path}/b/step-15"
-    assert losses(then) == {s: losses(whole)[s] for s in range(16, 26)}
-    assert then[-1]["eval"] == whole[-1]["eval"]
+    assert resumed[0]["resumed_from"] == f"file://{tmp_path}/b/step-15" and resumed[0]["world_size"] == then
+    assert losses(resumed) == {s: losses(whole)[s] for s in range(16, 26)}
+    assert resumed[-1]["eval"] == whole[-1]["eval"]
 
 
 @pytest.mark.parametrize(("first", "then", "tiered"), [
