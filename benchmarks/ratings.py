@@ -14,8 +14,6 @@ build fails to import under NumPy 2, so it is usually absent; the row then says 
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import pathlib
 import sys
 import tempfile
@@ -28,8 +26,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "trainer_image"))
 sys.path.insert(0, str(REPO))
 
-from kembed_contract import trainer_config as config  # noqa: E402 - after the path insert
-from kembed_trainer import dist, report, train  # noqa: E402 - after the path insert
+from benchmarks.in_process import train_in_process  # noqa: E402
 from tests import real_data  # noqa: E402
 from tests.trainer.test_real_data import bias_baseline_rmse, movielens_config  # noqa: E402
 
@@ -37,14 +34,8 @@ from tests.trainer.test_real_data import bias_baseline_rmse, movielens_config  #
 def kembed(folder: pathlib.Path, *, epochs: int | None, threads: int) -> tuple[float, float]:
     cfg = movielens_config(folder)
     cfg["training"] = {"threads": threads, "log_every": 10**6, **({"epochs": epochs} if epochs else {})}
-    env = dist.setup("gloo", threads)
-    out = io.StringIO()
-    started = time.perf_counter()
-    trainer = train.Trainer(config.TrainerConfig.model_validate(cfg), env, report.Reporter(enabled=True, out=out))
-    trainer.train()
-    trainer.close()
-    seconds = time.perf_counter() - started
-    done = json.loads(out.getvalue().splitlines()[-1])
+    records, seconds = train_in_process(cfg, threads)
+    done = records[-1]
     return done["eval"]["rmse"], seconds
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "ENV_TERMINATION_LOG",
     "ENV_STORAGE_BUDGET",
     "ENV_STORAGE_POLICY",
+    "DYNAMIC_TABLE_METRICS",
     "EVENT_CHECKPOINT",
     "EVENT_DONE",
     "EVENT_EVAL",
@@ -170,6 +171,16 @@ EVENT_PROGRESS = "progress"  # every log_every steps: loss, samples/s, ...
 EVENT_EVAL = "eval"  # evaluation metrics
 EVENT_CHECKPOINT = "checkpoint"  # a checkpoint landed completely: uri, num_bytes, seconds
 EVENT_DONE = "done"  # the last record of a successful run: eval, checkpoint
+
+DYNAMIC_TABLE_METRICS = {
+    "dynamic_rows_in_use": "rows in use",
+    "dynamic_admitted": "admitted",
+    "dynamic_evicted_capacity": "evicted (full)",
+    "dynamic_evicted_ttl": "evicted (time to live)",
+}
+"""What an `eval` record of a job with dynamic tables says of them, over all ranks and tables (an int each): the
+rows that hold an id now, and since the previous eval the ids given rows and the rows freed because the table
+was full or their ids went unseen past the time to live. Key -> how `kembed status` labels it."""
 
 
 def latest_checkpoint_reported(event: str, values: Mapping[str, Any]) -> str | None:

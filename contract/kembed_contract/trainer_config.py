@@ -49,6 +49,8 @@ __all__ = [
     "OptimizerConfig",
     "SparseOptimizerConfig",
     "SparsityConfig",
+    "DynamicConfig",
+    "dynamic_map_slots",
     "TableConfig",
     "TierConfig",
     "TrainerConfig",
@@ -120,12 +122,73 @@ class TierConfig(_Strict):
         return cached * self.row_bytes(table, optimizer) + rows * TIER_BYTES_PER_ROW
 
 
+# A dynamic table's id index per row (kembed_trainer.dynamic): the row's raw id (int64), its use count and the step
+# it was last used (int32 each); the same for each slot of ids waiting for admission (counter admission); and the
+# id -> row hash map over both, of an int64 key and an int32 row a slot (`dynamic_map_slots`).
+DYNAMIC_ROW_BYTES = 8 + 4 + 4
+DYNAMIC_PENDING_BYTES = 8 + 4 + 4
+DYNAMIC_MAP_SLOT_BYTES = 8 + 4
+BLOOM_BYTES_PER_COUNTER = 1
+
+
+def dynamic_map_slots(entries: int) -> int:
+    """Slots of a dynamic table's id -> row map for `entries` rows and waiting slots: the power of two at least
+    1.5 times as many (at most two thirds full, so probes stay short)."""
+    return 1 << max(4, (3 * entries // 2 - 1).bit_length())
+MAX_BLOOM_COUNT = 255  # the Bloom filter's counters are bytes: admit_after is at most this with admission: bloom
+
+
+class DynamicConfig(_Strict):
+    """A dynamic table: raw ids (any int64, or strings from files) get rows of their own, without collisions,
+    while there is room; `capacity` rows instead of an id range (docs/trainer.md, dynamic tables).
+
+    This section makes a table of the `dynamic` table kind (`kembed_contract.kinds.tables.dynamic`). The table's
+    `admit_after` is the admission threshold (sightings, in batches, before an id gets a row); `admission` says
+    how those sightings are counted.
+    """
+
+    capacity: _int(1, MAX_ROWS) = Field(
+        description="Rows for ids over all ranks (each rank owns the ids that hash to it and holds "
+        "capacity / ranks rows). One more row, shared, serves ids without a row of their own (not admitted "
+        "yet, or no room).")
+    admission: Literal["counter", "bloom"] = Field(
+        "counter",
+        description="How sightings of ids without a row are counted for admit_after: counter: exactly, one "
+        "counter per waiting id (at most capacity waiting ids; past that the least seen are forgotten); bloom: "
+        "a counting Bloom filter of bloom_counters bytes, so rare ids cost no memory of their own (it may "
+        "over-count an id that shares counters with frequent ones, never under-count). Unused when "
+        "admit_after is 0.")
+    bloom_counters: _int(64, 2**36) = Field(
+        1 << 20, description="admission: bloom only: counters (one byte each) of the filter, over all ranks. "
+        "About 10 per distinct id seen between admissions keeps false admissions rare.")
+    ttl_steps: Count = Field(
+        0, description="Rows whose id was not looked up in this many steps are freed (their id must be "
+        "admitted again); checked every max(1, ttl_steps // 16) steps. 0 = never; rows are then freed only "
+        "when the table is full, least used first.")
+
+    def rows_per_rank(self, world_size: int) -> int:
+        return -(-(self.capacity + 1) // world_size)
+
+    def index_bytes(self, table: TableConfig, *, world_size: int = 1) -> float:
+        """Memory one rank holds for the index of a dynamic `table`: per row its id, count and last use, the id
+        -> row map, and the admission's counters (waiting ids or the Bloom filter's share)."""
+        rows = self.rows_per_rank(world_size)
+        waiting = rows if table.admit_after and self.admission == "counter" else 0
+        out = rows * DYNAMIC_ROW_BYTES + waiting * DYNAMIC_PENDING_BYTES
+        out += dynamic_map_slots(rows + waiting) * DYNAMIC_MAP_SLOT_BYTES
+        if table.admit_after and self.admission == "bloom":
+            out += -(-self.bloom_counters // world_size) * BLOOM_BYTES_PER_COUNTER
+        return out
+
+
 class TableConfig(_Strict):
     """One embedding table; several features may share it (e.g. `user_id` and `friend_id`)."""
 
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=MAX_NAME,
                       description="Unique table name (checkpoint key).")
-    num_embeddings: _int(1, MAX_ROWS) = Field(description="Rows. With `hash_ids`, the number of hash buckets.")
+    num_embeddings: _int(1, MAX_ROWS) = Field(
+        description="Rows. With `hash_ids`, the number of hash buckets. A dynamic table leaves it out: its rows "
+        "are dynamic.capacity and the shared row.")
     embedding_dim: _int(1, MAX_WIDTH) = Field(
         16, description="Width of each row. Unset: the model kind's default (docs/trainer.md, defaults per kind), else 16."
     )
@@ -157,13 +220,50 @@ class TableConfig(_Strict):
         None, description="Keep the table's rows on the node's local disk and only the hot ones in memory "
         "(tables larger than the job's memory); null = all rows in memory. A tiered table is sharded row-wise "
         "(each rank's disk holds its rows).")
+    dynamic: DynamicConfig | None = Field(
+        None, description="Give raw ids (any int64, or strings) rows of their own as they come, up to a capacity, "
+        "instead of an id range or hash buckets; null = a fixed id range (or hash_ids). A dynamic table is "
+        "sharded row-wise (each rank owns the ids that hash to it) and may be tiered.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dynamic_rows(cls, raw: object) -> object:
+        """A dynamic table's rows follow from its capacity (one more: the shared row); a dumped config names
+        both, which must agree."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("dynamic"), dict):
+            return raw
+        capacity = raw["dynamic"].get("capacity")
+        if not isinstance(capacity, int) or isinstance(capacity, bool):
+            return raw  # DynamicConfig names the fault
+        given = raw.get("num_embeddings")
+        if given is None:
+            return {**raw, "num_embeddings": capacity + 1}
+        if given != capacity + 1:
+            raise ValueError("num_embeddings: a dynamic table's rows are dynamic.capacity and one shared row; "
+                             "leave num_embeddings out")
+        return raw
 
     @model_validator(mode="after")
     def _tier_is_sharded(self) -> TableConfig:
         if self.tier is not None and self.sharding == "replicated":
             raise ValueError("tier: a tiered table is sharded row-wise (each rank's disk holds its rows), "
                              "not replicated")
+        if self.dynamic is not None:
+            if self.sharding == "replicated":
+                raise ValueError("dynamic: a dynamic table is sharded row-wise (each rank owns the ids that hash "
+                                 "to it), not replicated")
+            if self.hash_ids:
+                raise ValueError("hash_ids: a dynamic table gives raw ids rows of their own; hash_ids is for "
+                                 "fixed tables")
+            if self.dynamic.admission == "bloom" and self.admit_after > MAX_BLOOM_COUNT:
+                raise ValueError(f"admit_after: at most {MAX_BLOOM_COUNT} with dynamic.admission: bloom (the "
+                                 "filter's counters are bytes)")
         return self
+
+    @property
+    def raw_ids(self) -> bool:
+        """Whether its ids are raw (any int64, or strings mapped to int64 by the data readers), not rows."""
+        return self.hash_ids or self.dynamic is not None
 
 
 class EmbeddingsConfig(_Strict):
@@ -177,7 +277,7 @@ class EmbeddingsConfig(_Strict):
 
     def is_sharded(self, table: TableConfig) -> bool:
         """Whether `table` is split row-wise across ranks (decided by the config alone, not the world size)."""
-        if table.tier is not None:
+        if table.tier is not None or table.dynamic is not None:
             return True
         if table.sharding == "auto":
             return table.num_embeddings >= self.shard_threshold_rows

@@ -83,6 +83,27 @@ def test_a_tiered_table_is_estimated_at_its_cache_not_its_rows():
     assert two == pytest.approx(1_000_000 * row + 75_000_000 * 7 + others, rel=1e-6)
 
 
+def test_a_dynamic_table_is_estimated_at_its_rows_and_its_index():
+    """A dynamic table of 10M rows asks each rank for its share of the rows with their optimizer state and of the
+    index (16 bytes a row: id, count, last use; and the id -> row map, 12 bytes a slot), and the Bloom filter's
+    share."""
+    from kembed_contract.sizing import table_memory_bytes_per_rank
+    from kembed_contract.trainer_config import dynamic_map_slots
+
+    spec = make_spec().build()
+    table = spec["trainer"]["embeddings"]["tables"][0]
+    table.pop("num_embeddings")
+    table.update(admit_after=2, dynamic={"capacity": 10_000_000, "admission": "bloom", "bloom_counters": 2**24})
+    trainer = JobSpec.model_validate(spec).trainer
+    dim = trainer.embeddings.tables[0].embedding_dim
+    row = dim * (1 + 1 / dim) * 4  # rowwise_adagrad keeps one float per row
+    others = sum(t.num_embeddings * t.embedding_dim * (1 + 1 / t.embedding_dim) * 4
+                 for t in trainer.embeddings.tables[1:])
+    two = table_memory_bytes_per_rank(trainer, world_size=2)
+    assert dynamic_map_slots(5_000_001) == 2**23  # the power of two at least 1.5 x 5M
+    assert two == pytest.approx(5_000_001 * (row + 16) + 2**23 * 12 + 2**23 + others, rel=1e-6)
+
+
 def test_a_spec_with_only_data_and_kind_is_stored_and_estimated_with_its_kinds_defaults():
     """The API validates, stores (the dump) and estimates what the trainer will run: the kind's defaults."""
     from kembed_contract.sizing import memory_per_rank, table_memory_bytes_per_rank

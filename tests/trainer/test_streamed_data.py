@@ -134,14 +134,14 @@ def recorded(folder: pathlib.Path) -> dict[int, dict[int, list[int]]]:
     return out
 
 
-def run_recorded(cfg_path: pathlib.Path, nproc: int, rows_dir: pathlib.Path, **env: str):
+def run_recorded(cfg_path: pathlib.Path, nproc: int, rows_dir: pathlib.Path, timeout: float = 240, **env: str):
     rows_dir.mkdir(parents=True, exist_ok=True)
     script = [str(RECORDER), "--config", str(cfg_path)]
     command = ([sys.executable, *script] if nproc == 1 else
                [sys.executable, "-m", "kembed_trainer.launch", "--standalone", "--nnodes", "1",
                 "--nproc-per-node", str(nproc), *script])
     proc = subprocess.run(command, env=trainer_env(KEMBED_TEST_ROWS_DIR=str(rows_dir), **env),  # noqa: PLW1510
-                          capture_output=True, text=True, timeout=240, cwd=REPO)
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
     return proc.returncode, records(proc.stdout), proc.stderr
 
 

@@ -115,6 +115,36 @@ def test_tiered_files_leave_nothing_behind(tmp_path, monkeypatch):
     coll.close()
 
 
+def test_a_save_reads_the_stores_as_they_were_while_training_writes_on(tmp_path, monkeypatch):
+    """A snapshot taken for a save gives the rows as they were when it was taken, while training goes on
+    writing rows back into the same stores (copy-on-write), and leaves no file behind."""
+    coll = collection("adam", {"cache_rows": 180}, tmp_path, monkeypatch)
+    try:
+        train(coll, 10, prefetch=True)
+        coll.flush()
+        fields = coll.tier_fields()
+        taken = {key: field.read(field.lo, field.num_rows) for key, field in fields.items()}
+        release = coll.snapshot()
+        train(coll, 10, prefetch=True)  # rows evicted and written back over the snapshot's
+        coll.flush()
+        changed = [key for key, field in fields.items()
+                   if not torch.equal(field.group.read_rows(field.i, 0, field.num_rows)[key.split(".")[1]],
+                                      taken[key])]
+        assert {"big.weight", "big.exp_avg", "mid.weight"} <= set(changed)  # the stores did change under it
+        some = np.array([0, 5, 6, 7, 699, 2999], dtype=np.int64)
+        for key, field in fields.items():
+            assert torch.equal(field.read(field.lo, field.num_rows), taken[key]), key
+            rows = some[some < field.num_rows]  # a delta's changed rows
+            assert torch.equal(field.read(0, 0, rows=rows), taken[key][rows]), key
+        assert list(tmp_path.iterdir()) == []  # the side files are unlinked at open, as the stores
+        release()
+        for key, field in fields.items():  # released: the fields read the stores again
+            assert torch.equal(field.read(field.lo, field.num_rows),
+                               field.group.read_rows(field.i, 0, field.num_rows)[key.split(".")[1]])
+    finally:
+        coll.close()
+
+
 def test_a_cache_too_small_for_two_steps_names_the_fix(tmp_path, monkeypatch):
     coll = collection("sgd", {"cache_rows": 20}, tmp_path, monkeypatch)
     try:

@@ -29,16 +29,17 @@ record reports as the job's stored bytes (`SavedCheckpoint.stored_bytes`), which
 
 Saves are asynchronous: `save` copies the state (training goes on changing the originals) and hands the copy
 to a background thread, which writes it over a process group of its own (so its collectives never interleave
-with training's). Training waits only for the copy, and for a previous save still in flight.
+with training's). Training waits only for the copy, and for a previous save still in flight. Rows kept elsewhere
+(a tiered table's, on local disk: `sources`) are not copied but read as they are written, from a snapshot the
+caller takes (`snapshot`) and releases when the save no longer reads it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -150,7 +151,8 @@ class Checkpointer:
 
     def save(self, step: int, state: dict[str, Any], files: dict[str, bytes] | None = None, *,
              kind: str = runtime.CHECKPOINT_FULL, started: float | None = None,
-             sources: dict[str, Any] | None = None) -> None:
+             sources: dict[str, Any] | None = None,
+             snapshot: Callable[[], Callable[[], None]] | None = None) -> None:
         """Start saving `state` as step `step`; `poll` or `wait` tell when it landed. Collective.
 
         `files` (name in the step folder -> bytes) are this rank's small side files, such as what each table
@@ -158,8 +160,10 @@ class Checkpointer:
         `kind`: as `next_kind` said (a delta's `state` holds delta.DELTA_KEY instead of the tables). `started`:
         when training stopped for this save (before it built `state`), so the stall reported counts that too.
         `sources`: placeholders of `state` (`step_writer.placeholder`) whose rows are read from elsewhere as they
-        are written, by flattened key (step_writer.RowRangePlanner): such a save is written here and now, in the
-        caller's thread (what it reads must not change meanwhile), and its `blocked_seconds` is all of it.
+        are written, by flattened key (step_writer.RowRangePlanner), in the save's thread: what they read must not
+        change until it landed. `snapshot` makes it so: called once no earlier save is in flight, it takes a
+        snapshot of what `sources` read and returns its release, which the save's thread calls once it no longer
+        reads them (landed or failed).
         """
         start = time.perf_counter() if started is None else started
         waiting = time.perf_counter()
@@ -171,13 +175,11 @@ class Checkpointer:
             parent = self._chain[-1].step
         self._checked_step(step, write=True)  # refused here, in the training thread, if outside the policy
         staged = _copy(state)
+        release = snapshot() if snapshot is not None else None
         blocked = time.perf_counter() - start
-        if sources:  # rows read as they are written: training waits for the whole save, which says so
-            saved = self._write(step, staged, dict(files or {}), start, (blocked, waited), kind, parent, sources)
-            self._landed.append(dataclasses.replace(saved, blocked_seconds=time.perf_counter() - start))
-            return
         self._inflight = self._executor.submit(
-            self._write, step, staged, dict(files or {}), start, (blocked, waited), kind, parent, {}
+            self._write, step, staged, dict(files or {}), start, (blocked, waited), kind, parent, dict(sources or {}),
+            release,
         )
 
     def poll(self) -> list[SavedCheckpoint]:
@@ -203,6 +205,17 @@ class Checkpointer:
         return [inflight.result()]  # a failed save raises here, in the training thread
 
     def _write(
+        self, step: int, staged: dict[str, Any], files: dict[str, bytes], start: float,
+        stalled: tuple[float, float], kind: str, parent: int | None, sources: dict[str, Any],
+        release: Callable[[], None] | None = None,
+    ) -> SavedCheckpoint:
+        try:
+            return self._write_step(step, staged, files, start, stalled, kind, parent, sources)
+        finally:
+            if release is not None:  # landed or failed: the snapshot is read no more
+                release()
+
+    def _write_step(
         self, step: int, staged: dict[str, Any], files: dict[str, bytes], start: float,
         stalled: tuple[float, float], kind: str, parent: int | None, sources: dict[str, Any],
     ) -> SavedCheckpoint:

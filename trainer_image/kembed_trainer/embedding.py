@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -30,7 +31,18 @@ from kembed_trainer import delta, hugepages, pooling, sharding, sparse_optim
 from kembed_trainer import kinds as trainer_kinds
 from kembed_trainer.data.batch import Batch
 
-__all__ = ["EmbeddingCollection", "Group", "hash_rows"]
+__all__ = ["EmbeddingCollection", "Group", "SideTable", "hash_rows"]
+
+
+class SideTable(NamedTuple):
+    """Rows a table's kind keeps beside the table's own, in a row space of their own (a dynamic table's ids
+    waiting for admission, its Bloom filter): checkpointed as the table `<table>-<name>`, sharded Shard(0), its
+    changed rows in deltas."""
+
+    fields: dict[str, torch.Tensor]  # this rank's rows of each field
+    num_rows: int  # rows over all ranks
+    first: int  # the first of them this rank holds
+    changed: torch.Tensor  # per row this rank holds: changed since the last checkpoint
 
 
 class Group:
@@ -58,10 +70,12 @@ class Group:
         rank: int,
         world_size: int,
         hold_shard: bool = True,
+        counts_admission: bool = True,
     ) -> None:
         """`table_ids`: each table's index over all tables (seeds its sharded rows, the same in any group).
         `hold_shard=False`: this rank's rows of sharded tables are not allocated here (a tiered group holds them
-        on disk and sets `shard` to its cache)."""
+        on disk and sets `shard` to its cache). `counts_admission=False`: `admit_after` is the kind's own
+        business (a dynamic group's index counts it), not `seen`'s."""
         self.tables = tables
         self.dim = tables[0].embedding_dim
         self.features = [f for t in tables for f in t.features]
@@ -88,7 +102,7 @@ class Group:
         )
         self.seen = (
             hugepages.zeros(self.num_rows, dtype=torch.int64, device=device)
-            if any(t.admit_after for t in tables)
+            if counts_admission and any(t.admit_after for t in tables)
             else None
         )
         self.lr_scale = torch.tensor([t.lr_scale for t in tables], device=device)
@@ -133,8 +147,9 @@ class Group:
     def table_of(self, rows: torch.Tensor) -> torch.Tensor:
         return self._table_at[torch.searchsorted(self._sorted_starts, rows, right=True) - 1]
 
-    def rows_of(self, ids: list[torch.Tensor]) -> torch.Tensor:
-        """Group rows of each feature's raw ids: hashed or range-checked, then offset to the table's rows."""
+    def rows_of(self, ids: list[torch.Tensor], step: int | None = None) -> torch.Tensor:
+        """Group rows of each feature's raw ids: hashed or range-checked, then offset to the table's rows.
+        `step`: the training step looking them up (None: evaluation), for kinds whose rows move with it."""
         out = []
         for f, feature_ids in enumerate(ids):
             size = int(self.feature_sizes[f])
@@ -198,6 +213,23 @@ class Group:
         lo = int(self.table_starts[t])
         return slice(lo, lo + self.tables[t].num_embeddings)
 
+    # What a table kind keeps beside the rows (a dynamic table's index), checkpointed with them.
+    def extra_fields(self, t: int) -> dict[str, torch.Tensor]:
+        """Per-row fields of sharded table t beyond its weight and optimizer state (this rank's rows):
+        checkpointed as `<table>.<name>`, in deltas with the table's changed rows."""
+        return {}
+
+    def side_tables(self, t: int) -> dict[str, SideTable]:
+        return {}
+
+    def after_restore(self) -> None:
+        """Called on every rank once a checkpoint is loaded into the group's tensors (may be a collective)."""
+
+    @property
+    def extra_bytes(self) -> int:
+        """Memory the kind holds beyond `weight`, `shard` and their optimizer state."""
+        return 0
+
 
 class _Touched(NamedTuple):
     """Where a lookup's unique rows came from, so their gradients go back there."""
@@ -220,9 +252,10 @@ class EmbeddingCollection:
     ) -> None:
         gen = torch.Generator(device=device).manual_seed(seed)
         # One group per width and table kind, each held as its kind holds tables (kembed_trainer.tables).
-        by_group: dict[tuple[str, int], list[config.TableConfig]] = {}
+        by_group: dict[tuple, list[config.TableConfig]] = {}
         for t in emb_cfg.ordered_tables:
-            by_group.setdefault((kinds.table_kind(t).kind_name(), t.embedding_dim), []).append(t)
+            key = (kinds.table_kind(t).kind_name(), trainer_kinds.table(t).group_key(t), t.embedding_dim)
+            by_group.setdefault(key, []).append(t)
         table_id = {t.name: i for i, t in enumerate(emb_cfg.ordered_tables)}  # seeds a table the same in any group
         self.groups = []
         for tables in by_group.values():
@@ -271,17 +304,19 @@ class EmbeddingCollection:
             t for g in self.groups if not g.tiered
             for t in (g.weight, g.shard, *g.state.values(), *g.shard_state.values())
         ]
-        return sum(t.numel() * t.element_size() for t in tensors) + sum(g.memory_bytes for g in self.tiered)
+        return (sum(t.numel() * t.element_size() for t in tensors) + sum(g.memory_bytes for g in self.tiered)
+                + sum(g.extra_bytes for g in self.groups))
 
-    def __call__(self, batch: Batch) -> list[torch.Tensor]:
-        """Pooled (summed) embeddings, one [B, num_features_of_width, dim] tensor per width (in feature order)."""
+    def __call__(self, batch: Batch, step: int | None = None) -> list[torch.Tensor]:
+        """Pooled (summed) embeddings, one [B, num_features_of_width, dim] tensor per width (in feature order).
+        `step`: the training step (dynamic tables admit and evict by it); None for evaluation."""
         b = batch.batch_size
         out = []
         self._pending = []
         self.last_unique_rows = 0
         for g, (values, counts, lengths) in zip(self.groups, self._inputs(batch), strict=True):
             nf = len(g.features)
-            raw_rows = g.rows_of(values)
+            raw_rows = g.rows_of(values, step)
             rows = g.storage_rows(g.admit(raw_rows), counts)
             bags = pooling.plan_bags(rows, lengths.reshape(-1), g.num_rows)
             vectors, where = g.gather(bags.unique_rows)
@@ -418,6 +453,11 @@ class EmbeddingCollection:
                         sd[f"{t.name}.{name}"] = s[rows]
                 if g.seen is not None:
                     sd[f"{t.name}.seen"] = g.seen[g.virtual_slice(i)]
+                for name, local in g.extra_fields(i).items():
+                    sd[f"{t.name}.{name}"] = self._sharded(local, t.num_embeddings)
+                for side, rows in g.side_tables(i).items():
+                    for name, local in rows.fields.items():
+                        sd[f"{t.name}-{side}.{name}"] = self._sharded(local, rows.num_rows)
         return sd
 
     def changes(self, rank: int) -> dict[str, delta.TableChanges]:
@@ -438,6 +478,9 @@ class EmbeddingCollection:
                 if g.seen_changed is not None and rank == 0:
                     seen_rows = g.seen_changed[g.virtual_slice(i)].nonzero()[:, 0]
                 out[t.name] = delta.TableChanges(rows, seen_rows)
+                for side, side_rows in g.side_tables(i).items():
+                    out[f"{t.name}-{side}"] = delta.TableChanges(side_rows.changed.nonzero()[:, 0] + side_rows.first,
+                                                                 None)
         return out
 
     def forget_changes(self) -> None:
@@ -448,17 +491,50 @@ class EmbeddingCollection:
                     mask.zero_()
             if g.tiered:
                 g.forget_changes()
+            for i in range(len(g.tables)):
+                for side in g.side_tables(i).values():
+                    side.changed.zero_()
 
     def flush(self) -> None:
         """Write the tiered tables' changed cached rows to their stores (before a checkpoint reads them)."""
         for g in self.tiered:
             g.flush()
 
+    def snapshot(self) -> Callable[[], None]:
+        """Take a snapshot of the tiered tables' stores (`flush` first) that their fields (`tier_fields`) read
+        while training goes on writing to the stores (copy-on-write: tiered.snapshot); returns its release."""
+        for g in self.tiered:
+            g.begin_snapshot()
+
+        def release() -> None:
+            for g in self.tiered:
+                g.end_snapshot()
+
+        return release
+
     def tier_fields(self) -> dict[str, object]:
         """Every tiered table's fields (`tiered.table.TableField`) by state-dict key (`<table>.<field>`): what a
         checkpoint streams from the stores instead of reading tensors."""
         return {f"{t.name}.{name}": field for g in self.tiered for i, t in enumerate(g.tables)
                 for name, field in g.fields(i).items()}
+
+    def after_restore(self) -> None:
+        """Let each group settle what a checkpoint loaded (a collective: every rank calls it)."""
+        for g in self.groups:
+            g.after_restore()
+
+    def dynamic_stats(self) -> dict[str, int]:
+        """Dynamic tables' rows in use now, and ids admitted and rows evicted (the table full, or unseen past
+        their time to live) since the last call: this rank's, summed over its dynamic groups."""
+        out = {"rows_in_use": 0, "admitted": 0, "evicted_capacity": 0, "evicted_ttl": 0}
+        found = False
+        for g in self.groups:
+            if hasattr(g, "take_dynamic_stats"):
+                found = True
+                out["rows_in_use"] += g.rows_in_use
+                for name, value in vars(g.take_dynamic_stats()).items():
+                    out[name] += value
+        return out if found else {}
 
     def drop_caches(self) -> None:
         """Forget the tiered tables' cached rows (their stores were just loaded from a checkpoint)."""
@@ -504,7 +580,7 @@ def _runs_of_width(items: list, dims: list[int]) -> list[list]:
 
 def _unique_storage_rows(g: Group, values: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
     """The sorted distinct storage rows a lookup of these features' ids will need (as `__call__` finds them)."""
-    return torch.unique(g.storage_rows(g.admit(g.rows_of(values)), counts))
+    return torch.unique(g.storage_rows(g.admit(g.rows_of(values)), counts))  # no step: nothing admitted
 
 
 def _bound(t: config.TableConfig) -> float:

@@ -12,8 +12,9 @@ neighbours search go through it range by range, so the peak memory is a range's,
 
 Formats (`FORMATS`):
 - `parquet`: one row per word or id: `token` (a vocabulary's words), `id` (int64, plain tables) or `feature`,
-  `id` (text) and `row` (hashed tables, one row per raw id seen in training), then `vector` (fixed-size list of
-  float32); a row group per range.
+  `id` (text) and `row` (hashed tables: one row per raw id seen in training; dynamic tables: one per row that
+  holds an id, the raw id beside its vector, its text from the id index where the data had text, `feature`
+  empty where the index has no entry for it), then `vector` (fixed-size list of float32); a row group per range.
 - `numpy`: a `.npy` matrix, row i = table row i (the vocabulary's rows for a model with a vocabulary).
 - those a model kind adds (`kembed_contract.kinds.EXPORT_FORMATS`), written by its trainer half's `writers`, for
   any job's tables.
@@ -33,7 +34,7 @@ import pyarrow.parquet as pq
 import torch
 
 from kembed_contract import kinds, runtime
-from kembed_trainer import dcp_read, embedding, row_index, saved_table
+from kembed_trainer import dcp_read, delta, dynamic, embedding, row_index, saved_table
 from kembed_trainer import kinds as trainer_kinds
 from kembed_trainer.data.table import hash_string
 
@@ -73,11 +74,11 @@ class TableRows:
     `vectors_of`); `close` (or `with`) gives back the scratch space a delta chain's table may take."""
 
     name: str
-    meaning: str  # words | ids | hashed_ids (row_index.rows_meaning)
+    meaning: str  # words | ids | hashed_ids | dynamic_ids (row_index.rows_meaning)
     vectors: saved_table.SavedTable  # the vocabulary's rows for words, else every row
-    keys: Sequence[str]  # one per entry: the word, the id, or the raw id (hashed)
-    rows: Sequence[int]  # the row of each key: range(len(keys)) but for hashed ids
-    features: list[str] | None  # hashed: each key's feature
+    keys: Sequence[str]  # one per entry: the word, the id, or the raw id (hashed, dynamic)
+    rows: Sequence[int]  # the row of each key: range(len(keys)) but for hashed and dynamic ids
+    features: list[str] | None  # hashed, dynamic: each key's feature
     bias_column: bool  # the last coordinate is a per-id bias, not a factor (ModelKind.bias_column)
 
     def chunks(self) -> Iterator[tuple[int, int]]:
@@ -165,26 +166,66 @@ def read_table(step_uri: str, table: str | None = None) -> TableRows:
     elif meaning == "ids":
         vectors = saved_table.SavedTable(readers, name)
         keys, rows = _IdTexts(vectors.num_rows), range(vectors.num_rows)
+    elif meaning == "dynamic_ids":
+        vectors = saved_table.SavedTable(readers, name)
+        keys, rows, features = _dynamic_keys(chain, readers, name)
     else:
-        ids = _read_ids(step_uri, name)
+        ids = _read_ids(chain, name)
         vectors = saved_table.SavedTable(readers, name)
         keys, rows, features = ids["id"].to_pylist(), ids["row"].to_numpy(), ids["feature"].to_pylist()
     return TableRows(name, meaning, vectors, keys, rows, features, bool(manifest.get("bias_column")))
 
 
-def _read_ids(step_uri: str, table: str) -> pa.Table:
-    fs, root = fsspec.core.url_to_fs(step_uri)
-    paths = sorted(fs.glob(f"{root}/{row_index.IDS_DIR}/{table}.rank-*.parquet"))
-    if not paths:
-        raise ExportError(f"table {table!r}: no ids files in {step_uri}")
+def _read_ids(chain: list[str], table: str) -> pa.Table:
+    """The id index of `table` over a checkpoint's chain (a delta's files hold the ids read since the save
+    before it)."""
     parts = []
-    for path in paths:
-        with fs.open(path, "rb") as f:
-            parts.append(pq.read_table(f))
-    ids = pa.concat_tables(parts)
+    for step_uri in chain:
+        fs, root = fsspec.core.url_to_fs(step_uri)
+        for path in sorted(fs.glob(f"{root}/{row_index.IDS_DIR}/{table}.rank-*.parquet")):
+            with fs.open(path, "rb") as f:
+                parts.append(pq.read_table(f))
+    if not parts:
+        raise ExportError(f"table {table!r}: no ids files in {chain[-1]}")
+    ids = pa.concat_tables(parts, promote_options="default")  # an older index may lack the hash column
     # Ranks that saw the same id wrote it each: keep one (feature, id) pair.
-    frame = ids.group_by(["feature", "id"]).aggregate([("row", "min")]).rename_columns(["feature", "id", "row"])
+    kept = ["row", "hash"] if "hash" in ids.column_names else ["row"]  # older indexes kept no hashes
+    frame = ids.group_by(["feature", "id"]).aggregate([(c, "min") for c in kept]).rename_columns(
+        ["feature", "id", *kept])
     return frame.sort_by([("feature", "ascending"), ("id", "ascending")])
+
+
+def dynamic_ids(readers: Sequence[dcp_read.RowRanges], table: str) -> np.ndarray:
+    """A dynamic table's `ids` field (each row's raw id, or a marker: `kembed_trainer.dynamic`) after the
+    chain's deltas; 8 bytes a row, read whole."""
+    key = f"{delta.TABLES_KEY}.{table}.ids"
+    shape = readers[0].shape(key)
+    if shape is None:
+        raise ExportError(f"table {table!r}: no {key} in its checkpoint")
+    ids = readers[0].read(key, 0, shape[0]).numpy().copy()
+    for reader in readers[1:]:
+        for rows_key, ids_key in delta.changed_rows_keys(reader.saved, table, "ids"):
+            count = reader.shape(rows_key)[0]
+            ids[reader.read(rows_key, 0, count).numpy()] = reader.read(ids_key, 0, count).numpy()
+    return ids
+
+
+def _dynamic_keys(chain: list[str], readers: Sequence[dcp_read.RowRanges], table: str
+                  ) -> tuple[list[str], np.ndarray, list[str]]:
+    """A dynamic table's rows that hold an id: each one's raw id (its text where the id index has it: string ids
+    were read as their 63-bit hashes), the row, and the feature it was read for."""
+    ids = dynamic_ids(readers, table)
+    rows = np.flatnonzero((ids != dynamic.EMPTY) & (ids != dynamic.SHARED))
+    texts: dict[int, tuple[str, str]] = {}
+    try:
+        index = _read_ids(chain, table)
+    except ExportError:  # data without an id index (synthetic): the ids are the int64s themselves
+        index = None
+    if index is not None and "hash" in index.column_names:
+        texts = dict(zip(index["hash"].to_pylist(), zip(index["feature"].to_pylist(), index["id"].to_pylist(),
+                                                        strict=True), strict=True))
+    named = [texts.get(raw, ("", str(raw))) for raw in ids[rows].tolist()]
+    return [text for _, text in named], rows, [feature for feature, _ in named]
 
 
 # ----------------------------------------------------------------------------------------------- writing
@@ -250,6 +291,8 @@ def _row_of(rows: TableRows, query: str) -> int:
     for key, row in zip(rows.keys, rows.rows, strict=True):
         if key == query:
             return row
+    if rows.meaning == "dynamic_ids":
+        raise ExportError(f"word: no row of table {rows.name!r} holds that id (not admitted, or evicted)")
     # Not seen in training: it still hashes to a row (as the trainer would look it up).
     try:
         raw = int(query)

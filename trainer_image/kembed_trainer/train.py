@@ -107,6 +107,7 @@ class Trainer:
         self.stop_requested = False
         self._last_saved: checkpoint.SavedCheckpoint | None = None  # the newest that landed
         self._saved_step: int | None = None  # the newest saved, landed or in flight
+        self._ids_saved: dict[str, int] = {}  # raw ids read per feature when the last save was made (row_index)
         malloc.trim()  # the tables' and data's start-up temporaries
 
     # ------------------------------------------------------------------------------------------- the loop
@@ -209,7 +210,7 @@ class Trainer:
         fetching = time.perf_counter()
         batch = self._ahead.take(self.step).to(self.env.device)
         data_seconds = time.perf_counter() - fetching
-        pooled = self.embeddings(batch)  # tables stay float32, whatever the dense precision
+        pooled = self.embeddings(batch, step=self.step)  # tables stay float32, whatever the dense precision
         if self.embeddings.prefetches and self.step + 1 < self.total_steps:
             # Tiered tables fetch the next batch's rows from disk while this step trains.
             fetching = time.perf_counter()
@@ -254,7 +255,20 @@ class Trainer:
         result = self.task.evaluate(kdist.gather(scores_t), labels_all)
         if self.evaluator is not None:  # every rank, with or without eval rows of its own (it may gather)
             result.update(self.evaluator.finish(labels_all))
+        result.update(self._dynamic_metrics())
         return result
+
+    def _dynamic_metrics(self) -> dict[str, int]:
+        """Dynamic tables' rows in use, and ids admitted and rows evicted since the last eval, over all ranks."""
+        stats = self.embeddings.dynamic_stats()
+        if not stats:
+            return {}
+        summed = torch.tensor(list(stats.values()), dtype=torch.int64)
+        if self.env.distributed:
+            dist.all_reduce(summed)
+        out = {f"dynamic_{name}": int(v) for name, v in zip(stats, summed.tolist(), strict=True)}
+        assert out.keys() == runtime.DYNAMIC_TABLE_METRICS.keys(), "the contract names what eval records say"
+        return out
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
@@ -281,13 +295,15 @@ class Trainer:
         if step is None:
             return None
         self.embeddings.drop_caches()  # tiered tables: the stores hold the checkpoint's rows now
+        self.embeddings.after_restore()  # dynamic tables: their maps, and ids moved to their owners
         if "data" in state:
             self._ahead.forget()
             self.data.load_state_dict(state["data"])
-        if hasattr(self.data, "add_raw_ids"):  # the id index so far: in the chain's full checkpoint
-            full = runtime.chain_of(step, self.checkpointer.markers())[0]
-            self.data.add_raw_ids(row_index.read_raw_ids(self.checkpointer.guard, self.checkpointer.step_uri(full),
-                                                         rank=self.env.rank, world_size=self.env.world_size))
+        if hasattr(self.data, "add_raw_ids"):  # the id index so far: over the chain, full checkpoint and deltas
+            chain = [self.checkpointer.step_uri(s) for s in runtime.chain_of(step, self.checkpointer.markers())]
+            self.data.add_raw_ids(row_index.read_raw_ids(self.checkpointer.guard, chain, rank=self.env.rank,
+                                                         world_size=self.env.world_size))
+            self._ids_saved = row_index.id_counts(self.data)
         if self.optimizer is not None:
             set_state_dict(
                 self.model,
@@ -316,21 +332,24 @@ class Trainer:
             started = time.perf_counter()  # training stalls from here until the state is copied
             kind = self.checkpointer.next_kind()
             self.embeddings.flush()  # tiered tables: every change in the stores, which the save streams
-            # What each row stands for (vocabulary, hashed ids read so far), saved with every checkpoint (row_index.py).
-            state, files = self.state_dict(), row_index.checkpoint_files(self.cfg, self.data, rank=self.env.rank)
+            # What each row stands for (vocabulary, raw ids read so far: a delta's since the save before), saved with
+            # every checkpoint (row_index.py).
+            state = self.state_dict()
+            files, ids_saved = row_index.checkpoint_files(
+                self.cfg, self.data, rank=self.env.rank,
+                ids_since=self._ids_saved if kind == runtime.CHECKPOINT_DELTA else None)
             sources = {f"{delta.TABLES_KEY}.{key}": field.reader() for key, field in tiered.items()}
             if kind == runtime.CHECKPOINT_DELTA:
                 tables = state.pop(delta.TABLES_KEY)
                 changes = self.embeddings.changes(self.env.rank)
                 state[delta.DELTA_KEY] = delta.extract(tables, changes, self.env.rank)
                 sources = _tier_delta(state[delta.DELTA_KEY], tiered, changes, self.env.rank)
-                files = {}  # the row index never changes: the chain's full checkpoint holds it
             self.embeddings.forget_changes()
-            self.checkpointer.save(self.step, state, files, kind=kind, started=started, sources=sources)
+            self._ids_saved = ids_saved
+            # A tiered table's save reads its store as it writes, from a copy-on-write snapshot: training goes on.
+            self.checkpointer.save(self.step, state, files, kind=kind, started=started, sources=sources,
+                                   snapshot=self.embeddings.snapshot if tiered else None)
             self._saved_step = self.step
-            # A tiered table's save reads its store as it writes: training waits until it landed (a copy-on-write
-            # snapshot of the stores, so that it need not, is next: docs/tiered-tables.md).
-            wait = wait or bool(tiered)
         if wait:
             self._report_saves(wait=True)
 

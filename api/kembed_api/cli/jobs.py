@@ -23,7 +23,7 @@ from kembed_api.cli.common import (
     request,
     styled_state,
 )
-from kembed_contract import job_seconds, kinds
+from kembed_contract import job_seconds, kinds, runtime
 from kembed_contract import trainer_config as config
 from kembed_contract.lifecycle import JobState
 
@@ -147,6 +147,16 @@ def neighbours(
     console.print(result)
 
 
+def dynamic_tables_line(metrics: dict) -> str | None:
+    """The latest eval's report of the job's dynamic tables (runtime.DYNAMIC_TABLE_METRICS), as one line; None
+    for a job without them."""
+    values = {key: metrics.get(f"eval_{key}") for key in runtime.DYNAMIC_TABLE_METRICS}
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values.values()):
+        return None
+    (in_use, *since) = [f"{label} {values[key]:,}" for key, label in runtime.DYNAMIC_TABLE_METRICS.items()]
+    return f"dynamic    {in_use}; since the eval before: {', '.join(since)}"
+
+
 def seconds_line(seconds: dict[str, float]) -> str:
     """`seconds    41.2 s: queued 0.1, process start 3.0, ...`: where the job's wall time went, every phase shown
     (a zero too: that a phase took nothing is news), in the contract's order."""
@@ -162,11 +172,15 @@ def status(job_id: str, server: ServerOption = "http://127.0.0.1:8080") -> None:
     console.print(f"progress   {progress['step']}/{progress['total_steps']} steps ({progress['fraction']:.0%})")
     if job["queue_position"]:
         console.print(f"queue      position {job['queue_position']}")
-    if job["metrics"]:
+    metrics = {k: v for k, v in job["metrics"].items() if k.removeprefix("eval_") not in runtime.DYNAMIC_TABLE_METRICS}
+    if metrics:
         console.print("metrics    " + ", ".join(f"{k}={fmt(v) if isinstance(v, float) else v}"
-                                                for k, v in job["metrics"].items()))
-    if job["result"]:
-        console.print("result     " + ", ".join(f"{k}={fmt(v)}" for k, v in job["result"].items()))
+                                                for k, v in metrics.items()))
+    if line := dynamic_tables_line(job["metrics"]):
+        console.print(line)
+    result = {k: v for k, v in (job["result"] or {}).items() if k not in runtime.DYNAMIC_TABLE_METRICS}
+    if result:
+        console.print("result     " + ", ".join(f"{k}={fmt(v)}" for k, v in result.items()))
     if job.get("dataset"):
         console.print("dataset    " + ", ".join(f"{k}={v:,}" for k, v in job["dataset"].items()))
     if job.get("seconds"):

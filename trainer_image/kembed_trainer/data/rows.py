@@ -116,7 +116,7 @@ class Columns:
     def __init__(self, cfg: config.TableDataConfig, tables: list[config.TableConfig]) -> None:
         self.cfg = cfg
         self.features = [f for t in sorted(tables, key=lambda t: t.embedding_dim) for f in t.features]
-        self.hashed = {f for t in tables if t.hash_ids for f in t.features}
+        self.hashed = {f for t in tables if t.raw_ids for f in t.features}  # raw ids: strings become int64s
         self.num_ids = {f: t.num_embeddings for t in tables for f in t.features}
 
     @property

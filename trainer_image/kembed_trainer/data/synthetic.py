@@ -75,7 +75,7 @@ class SyntheticData:
         gen = _generator(seed, _WORLD)
         by_feature = {f: t for t in tables for f in t.features}
         ordered = [f for t in sorted(tables, key=lambda t: t.embedding_dim) for f in t.features]
-        self.features = [_Feature(by_feature[f].num_embeddings, cfg.zipf_alpha, gen) for f in ordered]
+        self.features = [_Feature(cfg.ids_of(by_feature[f]), cfg.zipf_alpha, gen) for f in ordered]
         self.feature_weight = torch.randn(len(self.features), generator=gen).abs_() + 0.5
         self.dense_weight = torch.randn(cfg.num_dense, generator=gen)
         # Scale so that the noiseless logit has unit variance times `signal`.

@@ -21,6 +21,11 @@ __all__ = ["TableStorage"]
 
 
 class TableStorage:
+    def group_key(self, table: config.TableConfig) -> object:
+        """What, besides its kind and width, puts a table in a group of its own (tables of one kind that are
+        held two ways)."""
+        return None
+
     def group(self, tables: list[config.TableConfig], sharded: list[bool], *, device: torch.device,
               gen: torch.Generator, seed: int, table_ids: list[int], optimizer: str, rank: int,
               world_size: int) -> Group:

@@ -15,7 +15,8 @@ and never evicted: the batch being trained and the next one being fetched. Every
 on NumPy arrays in compiled loops (GIL released); moving the rows' data is the caller's (`tiered.table`).
 
 The row -> slot map is a dense int32 array over the rank's rows, beside the counts: 6 bytes a row, 2 % of a dim-64
-row with row-wise Adagrad's state. A dynamic table's id -> row index (issue 30, part 2) sits in front of it, not in its place.
+row with row-wise Adagrad's state. A dynamic table's id -> row index (`kembed_trainer.dynamic`) sits in front of it, not in its place, and uses
+the same policy for its own rows (`least_used`, `aged`: counts kept per row and aged lazily).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ import numpy as np
 
 from kembed_contract import sizing
 
-__all__ = ["Plan", "SlotCache", "simulate"]
+__all__ = ["EVICT_SHARE", "HALVE_EVERY", "MAX_COUNT", "USE", "Plan", "SlotCache", "aged", "least_used", "simulate"]
 
 MAX_COUNT = 65535
 USE = 16  # a use adds this: halving keeps 4 bits of the order among rarely used rows
 EVICT_SHARE = 64  # evict at least capacity / EVICT_SHARE slots at a time: one pass over the slots per chunk
+HALVE_EVERY = 50  # steps (lookups) between halvings of every count
 
 
 class Plan:
@@ -45,7 +47,7 @@ class Plan:
 
 
 class SlotCache:
-    def __init__(self, num_rows: int, capacity: int, *, halve_every: int = 50) -> None:
+    def __init__(self, num_rows: int, capacity: int, *, halve_every: int = HALVE_EVERY) -> None:
         if capacity < 1:
             raise ValueError("a tiered table's cache needs at least one row")
         self.num_rows, self.capacity, self.halve_every = num_rows, capacity, halve_every
@@ -85,6 +87,53 @@ class SlotCache:
 
 
 @numba.njit(nogil=True)
+def least_used(slot_count: np.ndarray, need: int, hand: int) -> tuple[np.ndarray, int]:
+    """The policy's victims: `need` slots (fewer if fewer are evictable) with the lowest counts among the slots
+    whose `slot_count` is not negative (negative: not evictable), found by a histogram of the counts and one
+    sweep from `hand` (ties go round-robin, as in CLOCK). Returns them in sweep order, and the hand after."""
+    capacity = slot_count.shape[0]
+    hist = np.zeros(MAX_COUNT + 2, np.int64)
+    evictable = 0
+    for s in range(capacity):
+        if slot_count[s] >= 0:
+            hist[slot_count[s]] += 1
+            evictable += 1
+    need = min(need, evictable)
+    victims = np.empty(need, np.int64)
+    if need == 0:
+        return victims, hand
+    below = 0
+    threshold = 0
+    while below + hist[threshold] < need:
+        below += hist[threshold]
+        threshold += 1
+    take_at_threshold = need - below
+    taken = 0
+    for _ in range(capacity):  # one sweep from the hand: slots below the threshold, then enough at it
+        s = hand
+        hand = hand + 1 if hand + 1 < capacity else 0
+        c = slot_count[s]
+        if c < 0:
+            continue
+        if c < threshold or (c == threshold and take_at_threshold > 0):
+            if c == threshold:
+                take_at_threshold -= 1
+            victims[taken] = s
+            taken += 1
+            if taken == need:
+                break
+    return victims, hand
+
+
+@numba.njit(nogil=True)
+def aged(count: int, last_used: int, now: int, halve_every: int) -> int:
+    """A count kept lazily (a dynamic table's rows): `count` as of step `last_used`, halved once for every
+    multiple of `halve_every` passed since, as the cache halves all its counts at once."""
+    halvings = now // halve_every - last_used // halve_every
+    return count >> halvings if halvings < 16 else 0
+
+
+@numba.njit(nogil=True)
 def _plan(rows, slot_of_row, row_of_slot, count, pin, dirty, free, state, gen, floor, do_count, halve_every):
     n = rows.shape[0]
     capacity = row_of_slot.shape[0]
@@ -104,51 +153,30 @@ def _plan(rows, slot_of_row, row_of_slot, count, pin, dirty, free, state, gen, f
     evict_slots = np.empty(0, np.int64)
     num_free = state[0]
     if num_free < num_miss:
-        need = max(num_miss - num_free, capacity // EVICT_SHARE)
-        # Histogram of the counts of evictable slots (occupied, not pinned by a step in flight).
-        hist = np.zeros(MAX_COUNT + 2, np.int64)
+        slot_count = np.full(capacity, -1, np.int64)  # evictable slots (occupied, not pinned): their counts
         evictable = 0
         for s in range(capacity):
             if row_of_slot[s] >= 0 and pin[s] < floor:
-                hist[count[row_of_slot[s]]] += 1
+                slot_count[s] = count[row_of_slot[s]]
                 evictable += 1
         if evictable < num_miss - num_free:
             return False, slots, evict_rows, evict_rows, evict_rows, evict_rows, 0
-        need = min(need, evictable)
-        below = 0
-        threshold = 0
-        while below + hist[threshold] < need:
-            below += hist[threshold]
-            threshold += 1
-        take_at_threshold = need - below
-        victims_row = np.empty(need, np.int64)
-        victims_slot = np.empty(need, np.int64)
-        num_dirty = 0
-        taken = 0
-        hand = state[1]
-        for _ in range(capacity):  # one sweep from the hand: rows below the threshold, then enough at it
-            s = hand
-            hand = hand + 1 if hand + 1 < capacity else 0
-            r = row_of_slot[s]
-            if r < 0 or pin[s] >= floor:
-                continue
-            c = count[r]
-            if c < threshold or (c == threshold and take_at_threshold > 0):
-                if c == threshold:
-                    take_at_threshold -= 1
-                slot_of_row[r] = -1
-                row_of_slot[s] = -1
-                free[num_free] = s
-                num_free += 1
-                if dirty[s]:
-                    victims_row[num_dirty] = r
-                    victims_slot[num_dirty] = s
-                    num_dirty += 1
-                    dirty[s] = False
-                taken += 1
-                if taken == need:
-                    break
+        victims, hand = least_used(slot_count, max(num_miss - num_free, capacity // EVICT_SHARE), state[1])
         state[1] = hand
+        victims_row = np.empty(victims.shape[0], np.int64)
+        victims_slot = np.empty(victims.shape[0], np.int64)
+        num_dirty = 0
+        for s in victims:
+            r = row_of_slot[s]
+            slot_of_row[r] = -1
+            row_of_slot[s] = -1
+            free[num_free] = s
+            num_free += 1
+            if dirty[s]:
+                victims_row[num_dirty] = r
+                victims_slot[num_dirty] = s
+                num_dirty += 1
+                dirty[s] = False
         order = np.argsort(victims_row[:num_dirty])
         evict_rows = victims_row[:num_dirty][order]
         evict_slots = victims_slot[:num_dirty][order]
@@ -177,7 +205,7 @@ def _plan(rows, slot_of_row, row_of_slot, count, pin, dirty, free, state, gen, f
     return True, slots, fetch_rows, fetch_slots, evict_rows, evict_slots, n - num_miss
 
 
-def simulate(num_rows: int, capacity: int, offsets: np.ndarray, rows: np.ndarray, *, halve_every: int = 50
+def simulate(num_rows: int, capacity: int, offsets: np.ndarray, rows: np.ndarray, *, halve_every: int = HALVE_EVERY
              ) -> np.ndarray:
     """Hits per step of this cache on a stream of steps (`rows[offsets[s]:offsets[s + 1]]`, sorted and distinct
     within a step), each step pinned with the one before, as training pins them (benchmarks/tiered_store.py)."""

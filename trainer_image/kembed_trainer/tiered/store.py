@@ -57,12 +57,14 @@ def _ask_ahead(fd: int, rows: np.ndarray, record_bytes: int) -> None:
 
 
 @numba.njit(nogil=True)
-def _read_runs(fd: int, rows: np.ndarray, out: np.ndarray, record_bytes: int, ahead: bool) -> int:
-    """pread each run of consecutive `rows` (sorted) into the matching rows of `out`; 0, or -1 on a short read."""
+def _move_runs(fd: int, rows: np.ndarray, buf: np.ndarray, record_bytes: int, ahead: bool, write: bool) -> int:
+    """pread (or pwrite) each run of consecutive `rows` (sorted) from (or to) the matching rows of `buf`: one call a
+    run; 0, or -1 on a failed or short transfer. A write asks ahead too: a record that does not fill its pages
+    makes the kernel read them first."""
     if ahead:
         _ask_ahead(fd, rows, record_bytes)
     n = rows.shape[0]
-    base = out.ctypes.data
+    base = buf.ctypes.data
     i = 0
     while i < n:
         j = i + 1
@@ -70,30 +72,9 @@ def _read_runs(fd: int, rows: np.ndarray, out: np.ndarray, record_bytes: int, ah
             j += 1
         want = (j - i) * record_bytes
         done = 0
-        while done < want:  # pread may return less than asked (signals, very large runs)
-            got = _pread(fd, base + i * record_bytes + done, want - done, rows[i] * record_bytes + done)
-            if got <= 0:
-                return -1
-            done += got
-        i = j
-    return 0
-
-
-@numba.njit(nogil=True)
-def _write_runs(fd: int, rows: np.ndarray, values: np.ndarray, record_bytes: int, ahead: bool) -> int:
-    if ahead:  # a record that does not fill its pages makes the kernel read them first
-        _ask_ahead(fd, rows, record_bytes)
-    n = rows.shape[0]
-    base = values.ctypes.data
-    i = 0
-    while i < n:
-        j = i + 1
-        while j < n and rows[j] == rows[j - 1] + 1:
-            j += 1
-        want = (j - i) * record_bytes
-        done = 0
-        while done < want:
-            got = _pwrite(fd, base + i * record_bytes + done, want - done, rows[i] * record_bytes + done)
+        while done < want:  # a transfer may move less than asked (signals, very large runs)
+            address, offset = base + i * record_bytes + done, rows[i] * record_bytes + done
+            got = _pwrite(fd, address, want - done, offset) if write else _pread(fd, address, want - done, offset)
             if got <= 0:
                 return -1
             done += got
@@ -125,13 +106,13 @@ class RowFile:
     def read(self, rows: np.ndarray, out: np.ndarray) -> None:
         """Records of sorted, distinct `rows` into `out` ([len(rows), record_floats] float32, C-contiguous)."""
         self._check(rows, out)
-        self._run(_read_runs, rows, out, "read")
+        self._run(rows, out, write=False)
         self.bytes_read += rows.shape[0] * self.record_bytes
 
     def write(self, rows: np.ndarray, values: np.ndarray) -> None:
         """`values` ([len(rows), record_floats] float32) as the records of sorted, distinct `rows`."""
         self._check(rows, values)
-        self._run(_write_runs, rows, values, "write")
+        self._run(rows, values, write=True)
         self.bytes_written += rows.shape[0] * self.record_bytes
 
     def write_range(self, first_row: int, values: np.ndarray) -> None:
@@ -168,23 +149,24 @@ class RowFile:
         if rows.shape[0] and (rows[0] < 0 or rows[-1] >= self.num_rows):
             raise IndexError(f"rows {rows[0]}..{rows[-1]} outside [0, {self.num_rows})")
 
-    def _run(self, kernel, rows: np.ndarray, buf: np.ndarray, what: str) -> None:
+    def _run(self, rows: np.ndarray, buf: np.ndarray, *, write: bool) -> None:
         n = rows.shape[0]
         if not n:
             return
         flat = buf.reshape(n, self.record_floats)
         parts = min(self.io_threads, max(1, n // _MIN_ROWS_PER_THREAD))
         if parts == 1:
-            failed = kernel(self.fd, rows, flat, self.record_bytes, self.ask_ahead) != 0
+            failed = _move_runs(self.fd, rows, flat, self.record_bytes, self.ask_ahead, write) != 0
         else:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self.io_threads, thread_name_prefix="tier-io")
                 self._own_executor = True
             bounds = np.linspace(0, n, parts + 1).astype(np.int64)
             futures = [
-                self._executor.submit(kernel, self.fd, rows[lo:hi], flat[lo:hi], self.record_bytes, self.ask_ahead)
+                self._executor.submit(_move_runs, self.fd, rows[lo:hi], flat[lo:hi], self.record_bytes, self.ask_ahead,
+                                      write)
                 for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
             ]
             failed = any(f.result() != 0 for f in futures)
         if failed:
-            raise OSError(ctypes.get_errno(), f"{what} of {n} rows of {self.path} failed")
+            raise OSError(ctypes.get_errno(), f"{'write' if write else 'read'} of {n} rows of {self.path} failed")

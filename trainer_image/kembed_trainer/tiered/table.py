@@ -41,6 +41,7 @@ from kembed_contract import runtime
 from kembed_contract import trainer_config as config
 from kembed_trainer import embedding, hugepages, sharding, step_writer
 from kembed_trainer.tiered import cache as tier_cache
+from kembed_trainer.tiered import snapshot as tier_snapshot
 from kembed_trainer.tiered import store as tier_store
 
 __all__ = ["TierStats", "TieredGroup", "cache_rows_of"]
@@ -101,11 +102,13 @@ class TieredGroup(embedding.Group):
         table_ids: list[int],
         rank: int,
         world_size: int,
+        counts_admission: bool = True,
     ) -> None:
+        """`counts_admission=False`: a dynamic table's index counts `admit_after` (embedding.Group)."""
         if device.type != "cpu":
             raise ValueError("tiered tables train on CPU for now (the GPU's level, device over host, comes next)")
         super().__init__(tables, [True] * len(tables), device=device, gen=None, seed=seed, table_ids=table_ids,
-                         rank=rank, world_size=world_size, hold_shard=False)
+                         rank=rank, world_size=world_size, hold_shard=False, counts_admission=counts_admission)
         self.optimizer_name = optimizer
         self.seed, self.table_ids, self.rank = seed, table_ids, rank
         local_rows = self.layout.num_local_rows
@@ -125,6 +128,7 @@ class TieredGroup(embedding.Group):
         # Rows written back since the last checkpoint (their changes are in the store): with the dirty cached
         # rows, what an incremental checkpoint saves. One byte a row.
         self.changed_rows = np.zeros(local_rows, np.bool_)
+        self._snapshot: tier_snapshot.Snapshot | None = None  # the stores as the save in flight began with them
         bounds = [int(x) for x in self.layout.starts_on[rank]] + [local_rows]
         self._file_starts = np.array(bounds, dtype=np.int64)
 
@@ -141,6 +145,7 @@ class TieredGroup(embedding.Group):
             widths.append(width)
         self.record_floats = record_floats(self.dim, widths)
         base = folder or os.environ.get(runtime.ENV_LOCAL_DIR) or tempfile.gettempdir()
+        self._folder = base
         for i, t in enumerate(self.tables):
             path = os.path.join(base, f"kembed-tier-{os.getpid()}-{t.name}.rank{self.rank}.rows")
             rows = int(self.layout.rows_on[self.rank, i])
@@ -271,25 +276,55 @@ class TieredGroup(embedding.Group):
             _scatter(records, first, slots, tensor.numpy().reshape(-1, width))
 
     def _by_file(self, rows: np.ndarray):
-        """(file, its rows, the slice of `rows`) for each table file `rows` (sorted local rows) fall in."""
+        """(table, its file, its rows, the slice of `rows`) for each table file `rows` (sorted local rows) fall
+        in."""
         cuts = np.searchsorted(rows, self._file_starts)
         for i, f in enumerate(self.files):
             lo, hi = int(cuts[i]), int(cuts[i + 1])
             if hi > lo:
-                yield f, rows[lo:hi] - self._file_starts[i], slice(lo, hi)
+                yield i, f, rows[lo:hi] - self._file_starts[i], slice(lo, hi)
 
     def _read(self, rows: np.ndarray, out: np.ndarray, stats: TierStats) -> None:
-        for f, file_rows, part in self._by_file(rows):
+        for _, f, file_rows, part in self._by_file(rows):
             f.read(file_rows, out[part])
         stats.fetched += rows.shape[0]
         stats.fetched_bytes += out.nbytes
 
     def _write(self, rows: np.ndarray, values: np.ndarray, stats: TierStats) -> None:
         self.changed_rows[rows] = True
-        for f, file_rows, part in self._by_file(rows):
+        snapshot = self._snapshot
+        for i, f, file_rows, part in self._by_file(rows):
+            if snapshot is not None:  # a save is reading the stores: keep what it began with
+                snapshot.before_write(i, file_rows)
             f.write(file_rows, np.ascontiguousarray(values[part]))
         stats.written += rows.shape[0]
         stats.written_bytes += values.nbytes
+
+    # ------------------------------------------------------------------------------------------- saves
+    def begin_snapshot(self) -> None:
+        """From here until `end_snapshot`, `saved_records` reads the stores as they are now (`flush` first),
+        while training goes on writing to them (tiered.snapshot: copy-on-write)."""
+        assert self._snapshot is None, "one save at a time"
+        self._snapshot = tier_snapshot.Snapshot(
+            self.files, self._folder, f"kembed-tier-{os.getpid()}-group{self.table_ids[0]}.rank{self.rank}")
+
+    def end_snapshot(self) -> int:
+        """Close the snapshot (its save landed); the rows it copied aside."""
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is None:
+            return 0
+        snapshot.close()
+        return snapshot.rows_copied
+
+    def saved_records(self, i: int, rows: np.ndarray) -> np.ndarray:
+        """Records of this rank's sorted rows `rows` of table `i`, as the save in flight began with them (as the
+        store holds them when there is none)."""
+        snapshot = self._snapshot
+        if snapshot is None:
+            return self.read_records(i, rows)
+        out = np.empty((rows.shape[0], self.record_floats), np.float32)
+        snapshot.read(i, np.ascontiguousarray(rows, dtype=np.int64), out)
+        return out
 
     def flush(self) -> None:
         """Write every changed cached row back to the store (they stay cached, now clean)."""
@@ -368,6 +403,7 @@ class TieredGroup(embedding.Group):
         try:
             self._wait()
         finally:
+            self.end_snapshot()
             self._executor.shutdown()
             for f in self.files:
                 f.close()
@@ -391,9 +427,10 @@ class TableField:
         return step_writer.placeholder(self.shape)
 
     def read(self, first_row: int, num_rows: int, rows: np.ndarray | None = None) -> torch.Tensor:
-        """Rows `first_row`.. (table rows), or the table rows `rows` (sorted) when given."""
+        """Rows `first_row`.. (table rows), or the table rows `rows` (sorted) when given, as the save in flight
+        began with them (`TieredGroup.saved_records`)."""
         local = (np.arange(num_rows, dtype=np.int64) + first_row if rows is None else rows) - self.lo
-        records = self.group.read_records(self.i, local)
+        records = self.group.saved_records(self.i, local)
         _, first, width = self.group._fields[self.field]
         part = torch.from_numpy(np.ascontiguousarray(records[:, first:first + width]))
         return part if len(self.shape) > 1 else part[:, 0]

@@ -32,6 +32,9 @@ class SyntheticDataConfig(DataKind):
     signal: bounded_float(ge=0, le=100) = Field(
         1.0, description="Strength of the planted signal; 0 makes labels pure noise (AUC 0.5)."
     )
+    num_ids: bounded_int(1, 2**28) | None = Field(
+        None, description="Distinct ids of each feature whose table takes raw ids (hash_ids or dynamic), so that "
+        "they can outnumber its rows; null = its table's rows.")
     eval_samples: bounded_int(1, MAX_EVAL_SAMPLES) = Field(
         8192, description="Held-out samples (a separate seed stream), generated and scored at every eval.")
 
@@ -53,7 +56,11 @@ class SyntheticDataConfig(DataKind):
         return self.max_hotness
 
     def memory_bytes(self, cfg: TrainerConfig, *, ids_per_feature: int) -> int:
-        return sum(t.num_embeddings * len(t.features) for t in cfg.embeddings.tables) * _BYTES_PER_ID
+        return sum(self.ids_of(t) * len(t.features) for t in cfg.embeddings.tables) * _BYTES_PER_ID
+
+    def ids_of(self, table) -> int:
+        """Distinct ids each feature of `table` draws from."""
+        return self.num_ids if self.num_ids is not None and table.raw_ids else table.num_embeddings
 
     def eval_bytes(self, cfg: TrainerConfig, *, width: int, ids_per_feature: int) -> int:
         """One chunk of held-out samples' ids and their pooled vectors."""

@@ -68,10 +68,10 @@ class Word2VecConfig(ModelKind):
             if cfg.embeddings.is_sharded(t):
                 raise ValueError(
                     f"embeddings.tables.{i}: word2vec tables are replicated; set sharding: replicated")
-            if t.hash_ids or t.admit_after:
+            if t.raw_ids or t.admit_after:
                 raise ValueError(
-                    f"embeddings.tables.{i}: word2vec rows are vocabulary indices; set hash_ids: false and "
-                    "admit_after: 0")
+                    f"embeddings.tables.{i}: word2vec rows are vocabulary indices; set hash_ids: false, "
+                    "admit_after: 0 and no dynamic section")
 
     def eval_metrics(self, cfg: TrainerConfig) -> frozenset[str]:
         """True against noise pairs (auc, log_loss), and with analogies their accuracy."""
