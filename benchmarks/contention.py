@@ -16,8 +16,10 @@ side by side should keep nearly all of its quiet speed, and the pair run in abou
 turn (a combined ratio near 2); the load of anything else on the machine moves these figures.
 
 `wait-policy`: a job alone, run as `python -m kembed_trainer` with 2 threads (KEMBED_THREADS_PER_RANK=2,
-OMP_NUM_THREADS=2), with OpenMP's idle threads passive (kembed_contract.threads) and with OpenMP's default (spin,
-then sleep), alternating, `--rounds` each: the median training seconds (the `done` record's) and their ratio.
+OMP_NUM_THREADS=2), with OpenMP's idle threads waiting as kembed_contract.threads says (`kembed`), as libgomp does
+by default (spin 300,000 times, then sleep), passive (OMP_WAIT_POLICY=PASSIVE: sleep at once) and with other spins
+(`--spin-counts`: GOMP_SPINCOUNT), in turn, `--rounds` each: the median training seconds (the `done` record's)
+against the default's.
 """
 
 from __future__ import annotations
@@ -51,18 +53,20 @@ def side_by_side(pairs: list[tuple[str, str]], cpu: float) -> None:
     with tempfile.TemporaryDirectory() as tmp, embedded_jobs.server(pathlib.Path(tmp), slots=2) as server:
         data = pathlib.Path(tmp) / "data"
         for a, b in pairs:
+            # A pair of one kind is two jobs all the same: each keeps its own row.
+            labels = (a, b) if a != b else (f"{a}-1", f"{b}-2")
             quiet = {}
-            for kind in (a, b):
+            for label, kind in zip(labels, (a, b), strict=True):
                 job = server.client.submit(embedded_jobs.spec(kind, data, cpu=cpu, name=f"quiet-{kind}"))
-                quiet[kind], = embedded_jobs.wait_all(server, [job["id"]])
+                quiet[label], = embedded_jobs.wait_all(server, [job["id"]])
             ids = [server.client.submit(embedded_jobs.spec(kind, data, cpu=cpu, name=f"side-{kind}"))["id"]
                    for kind in (a, b)]
-            side = dict(zip((a, b), embedded_jobs.wait_all(server, ids), strict=True))
+            side = dict(zip(labels, embedded_jobs.wait_all(server, ids), strict=True))
             span = (max(embedded_jobs.at(j, "finished_at") for j in side.values())
                     - min(embedded_jobs.at(j, "created_at") for j in side.values()))
-            combined = sum(quiet[k]["seconds"]["wall"] for k in (a, b)) / span
-            row = {"pair": f"{a}+{b}", "combined": combined, "span_s": span}
-            for kind in (a, b):
+            combined = sum(quiet[k]["seconds"]["wall"] for k in labels) / span
+            row = {"pair": f"{a}+{b}", "jobs": labels, "combined": combined, "span_s": span}
+            for kind in labels:
                 q, s = quiet[kind]["seconds"], side[kind]["seconds"]
                 row[kind] = {"quiet_wall_s": q["wall"], "side_wall_s": s["wall"], "wall_ratio": q["wall"] / s["wall"],
                              "quiet_training_s": q["training"], "side_training_s": s["training"],
@@ -73,7 +77,7 @@ def side_by_side(pairs: list[tuple[str, str]], cpu: float) -> None:
     print(f"\n{'pair':<16} {'combined':>9} {'job':<8} {'quiet s':>8} {'side s':>8} {'to quiet':>9} "
           f"{'train q s':>9} {'train s s':>9} {'to quiet':>9}")
     for row in rows:
-        for kind in row["pair"].split("+"):
+        for kind in row["jobs"]:
             r = row[kind]
             print(f"{row['pair']:<16} {100 * row['combined']:>8.0f}% {kind:<8} {r['quiet_wall_s']:>8.1f} "
                   f"{r['side_wall_s']:>8.1f} {100 * r['wall_ratio']:>8.0f}% {r['quiet_training_s']:>9.1f} "
@@ -88,12 +92,14 @@ def _run_alone(config: pathlib.Path, env: dict[str, str]) -> float:
     return done["seconds"]["training"]
 
 
-def wait_policy(kinds: list[str], rounds: int) -> None:
+def wait_policy(kinds: list[str], rounds: int, spin_counts: list[int]) -> None:
     print(f"{_load()}; 2 threads, {rounds} round(s) each, alternating")
     base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     base["PYTHONPATH"] = os.pathsep.join([str(REPO / "trainer_image"), str(REPO / "contract")])
-    passive = {**base, **threads.thread_environ(2.0, 1)}
-    default = {k: v for k, v in passive.items() if k not in threads.WAIT_POLICY}
+    kembed = {**base, **threads.thread_environ(2.0, 1)}
+    default = {k: v for k, v in kembed.items() if k not in threads.WAIT_POLICY}
+    policies = {"kembed": kembed, "default": default, "passive": {**default, "OMP_WAIT_POLICY": "PASSIVE"},
+                **{f"spin {n}": {**default, "GOMP_SPINCOUNT": str(n)} for n in spin_counts}}
     with tempfile.TemporaryDirectory() as tmp:
         data = pathlib.Path(tmp)
         embedded_jobs.write_data(data)
@@ -101,15 +107,18 @@ def wait_policy(kinds: list[str], rounds: int) -> None:
             trainer = embedded_jobs.trainer(kind, data)
             if kind == "ratings":
                 trainer["training"] = {"epochs": 5}  # the per-step cost is what is measured: 5 of its 20 epochs
-            times: dict[str, list[float]] = {"passive": [], "default": []}
+            times: dict[str, list[float]] = {policy: [] for policy in policies}
             for i in range(rounds):
-                for policy, env in (("passive", passive), ("default", default)):
-                    config = data / f"{kind}-{policy}-{i}.yaml"
-                    config.write_text(yaml.safe_dump({**trainer, "checkpoint": {"uri": f"file://{data}/ck-{policy}-{i}-{kind}"}}))
+                for policy, env in policies.items():
+                    config = data / f"{kind}-{i}.yaml"
+                    checkpoint = {"uri": f"file://{data}/ck-{kind}-{i}-{policy.replace(' ', '-')}"}
+                    config.write_text(yaml.safe_dump({**trainer, "checkpoint": checkpoint}))
                     times[policy].append(_run_alone(config, env))
                     print(f"  {kind} {policy}: {times[policy][-1]:.2f} s training ({_load()})", flush=True)
-            p, d = statistics.median(times["passive"]), statistics.median(times["default"])
-            print(f"{kind}: training {p:.2f} s passive, {d:.2f} s default: passive takes {100 * (p / d - 1):+.1f} %")
+            d = statistics.median(times["default"])
+            for policy, runs in times.items():
+                m = statistics.median(runs)
+                print(f"{kind} {policy}: training {m:.2f} s (median), {100 * (m / d - 1):+.1f} % against the default")
 
 
 def main() -> None:
@@ -121,6 +130,8 @@ def main() -> None:
     wait = sub.add_parser("wait-policy")
     wait.add_argument("--kinds", nargs="+", default=["ratings", "clicks"], choices=embedded_jobs.KINDS)
     wait.add_argument("--rounds", type=int, default=3)
+    wait.add_argument("--spin-counts", type=int, nargs="*", default=[],
+                      help="also libgomp's default policy with GOMP_SPINCOUNT set to each of these")
     args = parser.parse_args()
     if args.command == "side-by-side":
         pairs = []
@@ -131,7 +142,7 @@ def main() -> None:
             pairs.append((a, b))
         side_by_side(pairs, args.cpu)
     else:
-        wait_policy(args.kinds, args.rounds)
+        wait_policy(args.kinds, args.rounds, args.spin_counts)
 
 
 if __name__ == "__main__":

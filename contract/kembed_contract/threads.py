@@ -3,8 +3,8 @@ backend in each node's environment, the operator in each pod's) and read by the 
 
 A job is admitted with `resources.cpu_per_node` cores per node, shared by its `procs_per_node` ranks: each rank
 runs that share of threads, whole (at least one), never as many as the node has cores. Threads beyond the share
-would only wait for a core another job was promised, and a thread that spins while it waits burns that core: so
-OpenMP's idle threads sleep (`OMP_WAIT_POLICY=PASSIVE`) instead of spinning for the next parallel region.
+would only wait for a core another job was promised, and a thread that spins while it waits burns a core that
+another thread (its job's own, or a neighbour's) is waiting for: so OpenMP's idle threads sleep (WAIT_POLICY).
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ ENV_THREADS_PER_RANK = "KEMBED_THREADS_PER_RANK"
 # The libraries that size their own pools from the environment (OpenMP, which torch's CPU kernels run on; MKL;
 # OpenBLAS; numba's threading layer) read these at their import: they must be set before the process starts.
 THREAD_COUNT_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
-# OpenMP's idle threads sleep at once instead of spinning (libgomp spins for up to 300k iterations by default; a
-# spinning thread holds a core that the other job on the machine is waiting for). Cost to a quiet job:
-# docs/benchmarks.md ("Jobs side by side").
+# How OpenMP's idle threads wait (torch's CPU kernels run on libgomp). By default they spin 300,000 times before
+# sleeping: with the cores busy (another job's threads, the machine's other work) a 2-thread job's steps then wait
+# for threads that burn the cores they need, and ran 3-20x slower; a spin of 10,000 still ran 3x slower than
+# sleeping at once (OMP_WAIT_POLICY=PASSIVE), which held its speed. Passive has a price on a quiet machine, where
+# every small op wakes its threads: +70 % for a small 2-thread click model (a spin of 10,000: +7 %). Fair under load is
+# what this policy is for; figures in docs/benchmarks.md ("Idle threads that spin").
 WAIT_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 

@@ -11,7 +11,8 @@ the only TCP ports it may connect to and bind; without `--connect`/`--bind` the 
 
 The same command sets resource limits before it execs, for the platform, which cannot do it between fork and
 exec in a threaded server: `--join FILE` writes its pid to FILE (a cgroup's `cgroup.procs`), `--rlimit
-NAME=N` sets RLIMIT_NAME (soft and hard) to N. `--files=off` skips Landlock's file rules (then Landlock is used
+NAME=N` sets RLIMIT_NAME (soft and hard) to N, `--cpus N,N...` the cores it and everything it starts may run on
+(its CPU affinity: kembed_api.backends.cores places each node). `--files=off` skips Landlock's file rules (then Landlock is used
 for the network only, or not at all).
 
 Why Landlock (docs/security.md): it needs no privileges (a laptop, CI and root alike), restricts per job to
@@ -235,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
         print("usage: python -m kembed_platform.sandbox [--read P]... [--write P]... [--connect PORT[-PORT]]... "
-              "[--bind PORT]... [--files=off] [--join FILE]... [--rlimit NAME=N]... [--cpus N,N...] -- COMMAND...", file=sys.stderr)
+              "[--bind PORT]... [--files=off] [--join FILE]... [--rlimit NAME=N]... [--cpus N,N...] -- COMMAND...",
+              file=sys.stderr)
         return 2
     split = argv.index("--")
     parser = argparse.ArgumentParser(prog="python -m kembed_platform.sandbox")

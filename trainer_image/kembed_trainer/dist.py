@@ -58,12 +58,12 @@ def setup(backend: str, threads: int, *, cpu_only: bool = False) -> Env:
 
 def rank_threads(configured: int, *, local_world_size: int, environ: Mapping[str, str] | None = None) -> int:
     """This rank's threads (torch's intra-op and inter-op pools, a compiled step's workers): the launcher's share
-    of the job's cores (kembed_contract.threads), else the cores this process may run on shared by the node's ranks
-    (a trainer run by hand); `training.threads` when given, held to the launcher's share (more threads than the
-    job was admitted with would run on cores promised to other jobs)."""
+    of the job's cores (kembed_contract.threads), no more than the cores this process may run on shared by the
+    node's ranks, which alone decide for a trainer run by hand; `training.threads` when given, held to that (more
+    threads than the job was admitted with would run on cores promised to other jobs)."""
     cores = max(1, len(os.sched_getaffinity(0)) // local_world_size)
     share = thread_policy.threads_per_rank(environ)
-    limit = share if share is not None else cores
+    limit = cores if share is None else min(share, cores)  # a share larger than the cores placed on would wait
     return min(configured, limit) if configured else limit
 
 

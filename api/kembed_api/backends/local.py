@@ -56,7 +56,6 @@ class _Gang:
     processes: list[subprocess.Popen]
     pumps: list[subprocess.Popen]  # each node's log writer (backends.node_logs)
     limits: list[confinement.NodeLimit]
-    cores: list[list[int]]  # each node's cores (backends.cores)
     local_dir: Path  # runtime.ENV_LOCAL_DIR of its trainers: their tiers' files
     local_disk_bytes: int  # what its nodes asked for there together (resources.local_disk_per_node x nodes)
     stop_requested_at: float | None = None
@@ -285,7 +284,8 @@ class LocalBackend:
             network = confinement.network_rules(report_url=launch.report_url, rendezvous_port=port, environ=env,
                                                 policy=launch.storage_policy)
         limits = confinement.node_limits(resources)
-        placement = self.core_allocator.take(launch.job_id, nodes=resources.nodes, cpu_per_node=resources.cpu_per_node)
+        placement = self.core_allocator.take(launch.job_id, nodes=resources.nodes,
+                                             cpu_per_node=resources.cpu_per_node)
         processes, pumps, node_limits = [], [], []
         try:
             for node_rank in range(resources.nodes):
@@ -328,8 +328,7 @@ class LocalBackend:
             raise
         with self._lock:
             self._gangs[launch.job_id] = _Gang(processes=processes, pumps=pumps, limits=node_limits,
-                                               cores=placement, local_dir=local_dir,
-                                               local_disk_bytes=local_disk_bytes)
+                                               local_dir=local_dir, local_disk_bytes=local_disk_bytes)
         described = f"{self._describe(limits)}; cores: {'; '.join(_core_list(c) for c in placement)}"
         log.info("job %s attempt %d: %s", launch.job_id, launch.attempt, described)
         return {"pids": [p.pid for p in processes], "attempt": launch.attempt, "confinement": described}
