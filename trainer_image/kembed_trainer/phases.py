@@ -62,7 +62,7 @@ class PhaseClock:
         self._mark = now
 
     def seconds(self) -> dict[str, float]:
-        """Seconds by phase so far (the open phase up to now), in milliseconds."""
+        """Seconds by phase so far (the open phase up to now), rounded to the millisecond."""
         totals = dict(self._totals)
         if self._open:
             totals[self._open[-1]] += self._clock() - self._mark
