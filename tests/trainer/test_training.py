@@ -140,3 +140,19 @@ def test_compressed_gradients_still_learn(tmp_path, ckpt_uri, compression):
     assert recs[0]["world_size"] == 2
     assert [r["event"] for r in recs].count("started") == 1  # only rank 0 reports
     assert recs[-1]["event"] == "done" and recs[-1]["eval"]["auc"] > 0.6
+
+
+def test_a_trainer_handed_other_data_trains_on_its_batches():
+    """What benchmarks do: replace the data source after building the trainer (batches generated up front)."""
+    trainer = train.Trainer(config.TrainerConfig.model_validate(tiny_config(checkpoint={"uri": None})),
+                            dist.setup("gloo", threads=1), report.Reporter(enabled=False))
+    source, asked = trainer.data, []
+
+    class Recorded:
+        def train_batch(self, step):
+            asked.append(step)
+            return source.train_batch(step)
+
+    trainer.data = Recorded()
+    trainer.train_step()
+    assert asked == [0]

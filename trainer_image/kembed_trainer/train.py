@@ -61,7 +61,6 @@ class Trainer:
         self.kind = kinds.model(cfg.model.kind)  # what the model kind trains and measures its own way
         self.task = self.kind.task(cfg)
         self.data = kinds.data_source(cfg, rank=env.rank, world_size=env.world_size, guard=guard)
-        self._ahead = _BatchAhead(self.data)  # the next batch, for tiered tables to fetch its rows meanwhile
         self.total_steps, self.dataset = self._size_up_data()
         dense = self.kind.dense_model(cfg).to(env.device)
         metric, higher = cfg.best_metric
@@ -109,6 +108,15 @@ class Trainer:
         self._saved_step: int | None = None  # the newest saved, landed or in flight
         self._ids_saved: dict[str, int] = {}  # raw ids read per feature when the last save was made (row_index)
         malloc.trim()  # the tables' and data's start-up temporaries
+
+    @property
+    def data(self):
+        """The training data (a data kind's source)."""
+        return self._ahead.data
+
+    @data.setter
+    def data(self, source) -> None:
+        self._ahead = _BatchAhead(source)  # the next batch, for tiered tables to fetch its rows meanwhile
 
     # ------------------------------------------------------------------------------------------- the loop
     def train(self) -> int:
