@@ -40,8 +40,10 @@ VARIANTS = {
     "torchrec-rowwise-adagrad": (1, "TorchRec EBC + FBGEMM fused row-wise Adagrad"),
     "torchrec-2rank": (2, "TorchRec DistributedModelParallel, 2 ranks"),
     "kembed-rowwise-adagrad": (1, "kembed rowwise_adagrad"),
+    "kembed-rowwise-adagrad-fp32": (1, "kembed rowwise_adagrad, the dense part in float32 (mixed_precision none)"),
     "kembed-adam": (1, "kembed lazy adam"),
     "kembed-rowwise-adagrad-2rank": (2, "kembed rowwise_adagrad, 2 ranks, every table sharded row-wise"),
+    "kembed-rowwise-adagrad-2rank-fp32": (2, "kembed rowwise_adagrad, 2 ranks, sharded, the dense part in float32"),
     "kembed-rowwise-adagrad-2rank-replicated": (2, "kembed rowwise_adagrad, 2 ranks, every table replicated"),
     "kembed-adam-2rank": (2, "kembed lazy adam, 2 ranks, every table sharded row-wise"),
 }
@@ -57,6 +59,7 @@ def bench_config(
     replicated: bool = False,
     shard_all: bool = False,
     seed: int = 0,
+    mixed_precision: str | None = None,
 ) -> config.TrainerConfig:
     big = [1_000_000] * 4
     small = [int(10_000 * 10 ** (i / 21)) for i in range(22)]  # 10k .. 100k, geometric
@@ -85,7 +88,13 @@ def bench_config(
                 "sparse": {"name": optimizer, "lr": 0.05 if optimizer != "adam" else 0.005},
                 "dense": {"name": "adam", "lr": 0.001},
             },
-            "training": {"steps": steps, "batch_size": batch_size, "seed": seed},
+            "training": {
+                "steps": steps,
+                "batch_size": batch_size,
+                "seed": seed,
+                # None: the model kind's default (dlrm: bf16 where the CPU has bf16 units)
+                **({"mixed_precision": mixed_precision} if mixed_precision else {}),
+            },
         }
     )
 
@@ -272,6 +281,7 @@ def worker(args) -> None:
         replicated=replicated,
         shard_all=ranks > 1 and not replicated,
         seed=args.seed,
+        mixed_precision="none" if args.variant.endswith("fp32") else None,
     )
     env = dist.setup("gloo", threads=max(1, len(os.sched_getaffinity(0)) // ranks))
     # torch seeds its default generator afresh in every process: without this, the baselines' tables and dense

@@ -353,10 +353,11 @@ class OptimizerConfig(_Strict):
 
 # ----------------------------------------------------------------------------------------------- run
 class TrainingConfig(_Strict):
-    mixed_precision: Literal["none", "bf16"] = Field(
+    mixed_precision: Literal["none", "bf16", "auto"] = Field(
         "none",
         description="bf16: the dense model runs under autocast in bfloat16 (weights, optimizer and embedding "
-        "tables stay float32); faster on GPUs and CPUs with bf16 units, slightly less precise.",
+        "tables stay float32); faster on GPUs and CPUs with bf16 units, slightly less precise. auto: bf16 where "
+        "the device has bf16 units, else none. Unset: the model kind's default (docs/trainer.md).",
     )
     steps: PositiveInt | None = Field(
         None,

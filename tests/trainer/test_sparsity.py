@@ -1,4 +1,4 @@
-"""Dynamic sparse masks over the dense weights, and bf16 for the dense part."""
+"""Dynamic sparse masks over the dense weights, and bf16 for the dense part (where it is the default)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kembed_contract import trainer_config as config
-from kembed_trainer import dist, report, sparsity, train
+from kembed_trainer import dist, precision, report, sparsity, train
 from tests.trainer.conftest import tiny_config
 
 
@@ -97,9 +97,38 @@ def test_bf16_dense_part_learns_and_tables_stay_float32():
     assert all(g.weight.dtype == torch.float32 for g in trainer.embeddings.groups)
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
 
-    plain, out32 = make_trainer(tiny_config(training={"log_every": 1}, checkpoint={"uri": None}))
+    plain, out32 = make_trainer(tiny_config(training={"mixed_precision": "none", "log_every": 1},
+                                            checkpoint={"uri": None}))
     assert plain.train() == 0
     losses = [r["loss"] for r in recs if r["event"] == "progress"]
     losses32 = [json.loads(line)["loss"] for line in out32.getvalue().splitlines() if '"progress"' in line]
     assert losses != losses32  # the dense part really ran in bf16
     assert losses[-1] == pytest.approx(losses32[-1], abs=0.05)
+
+
+@pytest.mark.parametrize(
+    ("flags", "bf16"),
+    [
+        pytest.param({"avx512f", "avx512bw", "avx512_bf16"}, True, id="avx512-bf16"),
+        pytest.param({"amx_bf16", "amx_tile"}, True, id="amx"),
+        pytest.param({"avx512f", "avx512bw", "avx512vl"}, False, id="avx512-without-bf16"),
+        pytest.param(set(), False, id="no-cpuinfo"),
+    ],
+)
+def test_auto_precision_is_bf16_only_on_cpus_with_bf16_units(monkeypatch, flags, bf16):
+    monkeypatch.setattr(precision, "_cpu_flags", lambda: frozenset(flags))
+    cast = precision.autocast("auto", torch.device("cpu"))
+    assert cast._enabled is bf16 and (not bf16 or cast.fast_dtype == torch.bfloat16)
+    assert precision.autocast("bf16", torch.device("cpu"))._enabled  # asked for: whatever the CPU
+    assert not precision.autocast("none", torch.device("cpu"))._enabled
+
+
+def test_dlrm_defaults_to_auto_precision_and_other_kinds_to_float32():
+    dlrm = config.TrainerConfig.model_validate(tiny_config())
+    assert dlrm.training.mixed_precision == "auto"
+    assert config.TrainerConfig.model_validate(
+        tiny_config(training={"mixed_precision": "none"})).training.mixed_precision == "none"
+    two_tower = config.TrainerConfig.model_validate(
+        tiny_config(model={"kind": "two_tower", "user_features": ["c0", "c1", "c2", "c3"],
+                           "item_features": ["c4", "c5", "c6", "c7"]}))
+    assert two_tower.training.mixed_precision == "none"

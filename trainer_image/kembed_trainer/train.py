@@ -25,6 +25,7 @@ from kembed_trainer import (
     malloc,
     metrics,
     phases,
+    precision,
     report,
     row_index,
     sparse_optim,
@@ -34,7 +35,11 @@ from kembed_trainer import (
 )
 from kembed_trainer import dist as kdist
 
-__all__ = ["Trainer"]
+__all__ = ["STEP_PHASES", "Trainer"]
+
+STEP_PHASES = ("data", "lookup", "dense forward", "backward", "dense optimizer", "sparse update")
+"""The parts of a batch/autograd step, as torch.profiler sees them (`record_function` labels):
+benchmarks/roofline.py times each."""
 
 
 class Trainer:
@@ -83,6 +88,7 @@ class Trainer:
                 lr=opt.lr,
                 betas=(opt.beta1, opt.beta2),
                 weight_decay=opt.weight_decay,
+                fused=env.device.type in _FUSED_OPTIMIZER_DEVICES,  # one kernel per step instead of one per op
             )
             if has_params
             else None
@@ -216,25 +222,30 @@ class Trainer:
             self.cfg.optimizer.sparse, self.step, self.total_steps
         )
         fetching = time.perf_counter()
-        batch = self._ahead.take(self.step).to(self.env.device)
+        with _phase("data"):
+            batch = self._ahead.take(self.step).to(self.env.device)
         data_seconds = time.perf_counter() - fetching
-        pooled = self.embeddings(batch, step=self.step)  # tables stay float32, whatever the dense precision
+        with _phase("lookup"):
+            pooled = self.embeddings(batch, step=self.step)  # tables stay float32, whatever the dense precision
         if self.embeddings.prefetches and self.step + 1 < self.total_steps:
             # Tiered tables fetch the next batch's rows from disk while this step trains.
             fetching = time.perf_counter()
             self.embeddings.prefetch(self._ahead.peek(self.step + 1).to(self.env.device))
             data_seconds += time.perf_counter() - fetching
-        with self._autocast():
+        with _phase("dense forward"), self._autocast():
             loss = self.task.loss(self.model(batch.dense, pooled), batch.labels)
         del pooled  # the model has its own copy (a concatenation): free these before the backward
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # DDP averages the dense gradients here
+        with _phase("backward"):
+            loss.backward()  # DDP averages the dense gradients here
         if self.optimizer is not None:
-            self.masks.before_optimizer(self.step)
-            self.optimizer.step()
-            self.masks.after_optimizer()
-        self.embeddings.step(self.step)
+            with _phase("dense optimizer"):
+                self.masks.before_optimizer(self.step)
+                self.optimizer.step()
+                self.masks.after_optimizer()
+        with _phase("sparse update"):
+            self.embeddings.step(self.step)
         return loss.detach(), data_seconds
 
     @torch.no_grad()
@@ -399,8 +410,7 @@ class Trainer:
         return total, dataset
 
     def _autocast(self) -> torch.autocast:
-        bf16 = self.cfg.training.mixed_precision == "bf16"
-        return torch.autocast(self.env.device.type, dtype=torch.bfloat16, enabled=bf16)
+        return precision.autocast(self.cfg.training.mixed_precision, self.env.device)
 
     def _due(self, every: int) -> bool:
         return every > 0 and self.step % every == 0
@@ -416,6 +426,14 @@ class Trainer:
             flags[0] /= self.env.world_size
         window.add(flags[0].item(), self.embeddings.last_unique_rows, time.perf_counter() - started, data_seconds)
         return bool(flags[1].item() > 0)
+
+
+_FUSED_OPTIMIZER_DEVICES = ("cpu", "cuda")  # where torch's Adam and AdamW have a fused kernel
+
+
+def _phase(name: str) -> torch.profiler.record_function:
+    assert name in STEP_PHASES, name
+    return torch.profiler.record_function(name)  # next to nothing while no profiler records
 
 
 def _tier_delta(entries: dict, fields: dict, changes: dict[str, delta.TableChanges], rank: int) -> dict:

@@ -44,9 +44,12 @@ class DLRM(nn.Module):
             x = self.bottom(dense)
             vectors.insert(0, x.unsqueeze(1))
             first = [x]
+        if torch.is_autocast_enabled(sparse.device.type):
+            # What autocast does to bmm's inputs, done before the Function so its backward matches, and before the
+            # concatenation, which would otherwise promote the bottom MLP's output to float32 and be cast back.
+            low = torch.get_autocast_dtype(sparse.device.type)
+            vectors = [v.to(low) for v in vectors]
         z = torch.cat(vectors, 1)
-        if torch.is_autocast_enabled(z.device.type):  # what autocast does to bmm's inputs, done before
-            z = z.to(torch.get_autocast_dtype(z.device.type))  # the Function so its backward matches
         dots = _PairwiseDots.apply(z, self.pairs, self.pair_of_place)
         return self.top(torch.cat([*first, dots], 1)).squeeze(1)
 
@@ -64,14 +67,22 @@ class _PairwiseDots(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z: torch.Tensor, pairs: torch.Tensor, pair_of_place: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(z, pair_of_place)
-        return torch.bmm(z, z.transpose(1, 2)).flatten(1).index_select(1, pairs)
+        return _columns(torch.bmm(z, z.transpose(1, 2)).flatten(1), pairs)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         z, pair_of_place = ctx.saved_tensors
         b, n, _ = z.shape
-        g_sym = F.pad(grad, (0, 1)).index_select(1, pair_of_place).view(b, n, n)
+        g_sym = _columns(F.pad(grad, (0, 1)), pair_of_place).view(b, n, n)
         return torch.bmm(g_sym, z.to(grad.dtype)), None, None
+
+
+def _columns(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`x[:, index]` for a 2-d `x`. `gather` with the index broadcast over the rows took less than half the time
+    of `index_select` on the benchmark's CPU, and moves 16-bit floats faster as the 16-bit integers of their
+    bits (a copy: no arithmetic, so bit for bit the same)."""
+    bits = x.view(torch.int16) if x.element_size() == 2 and x.is_floating_point() else x
+    return torch.gather(bits, 1, index.expand(x.shape[0], -1)).view(x.dtype)
 
 
 class DLRMTraining(ModelTraining):
