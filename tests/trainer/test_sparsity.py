@@ -123,12 +123,12 @@ def test_auto_precision_is_bf16_only_on_cpus_with_bf16_units(monkeypatch, flags,
     assert not precision.autocast("none", torch.device("cpu"))._enabled
 
 
-def test_dlrm_defaults_to_auto_precision_and_other_kinds_to_float32():
+def test_clicks_default_to_auto_precision_and_ratings_to_float32():
     dlrm = config.TrainerConfig.model_validate(tiny_config())
     assert dlrm.training.mixed_precision == "auto"
     assert config.TrainerConfig.model_validate(
         tiny_config(training={"mixed_precision": "none"})).training.mixed_precision == "none"
-    two_tower = config.TrainerConfig.model_validate(
+    ratings = config.TrainerConfig.model_validate(
         tiny_config(model={"kind": "two_tower", "user_features": ["c0", "c1", "c2", "c3"],
                            "item_features": ["c4", "c5", "c6", "c7"]}))
-    assert two_tower.training.mixed_precision == "none"
+    assert ratings.ratings and ratings.training.mixed_precision == "none"

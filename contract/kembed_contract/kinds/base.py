@@ -37,9 +37,10 @@ BYTES_PER_ID = 8  # ids are int64
 # permuted copy (kembed_trainer.data.stream).
 STREAM_WINDOWS = 3
 
-CLICKS_DEFAULTS: Mapping[str, object] = {"training.epochs": 1}
+CLICKS_DEFAULTS: Mapping[str, object] = {"training.epochs": 1, "training.mixed_precision": "auto"}
 """The fields' own defaults (row-wise Adagrad at 0.05, Adam at 1e-3, dim 16, batch 256) and one pass over the
-log, as CTR models train on Criteo's."""
+log, as CTR models train on Criteo's; the dense part in bf16 where the device has bf16 units (DLRM's is faster
+so, at the same AUC over seeds: docs/benchmarks.md, "Trainer: DLRM against TorchRec")."""
 
 
 class ModelKind(Strict):

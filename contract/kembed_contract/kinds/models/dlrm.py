@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
 from kembed_contract.fields import Layers
-from kembed_contract.kinds.base import CLICKS, CLICKS_DEFAULTS, ModelKind
+from kembed_contract.kinds.base import ModelKind
 
 if TYPE_CHECKING:
     from kembed_contract.trainer_config import TrainerConfig
@@ -28,9 +27,6 @@ class DLRMConfig(ModelKind):
     )
 
     default: ClassVar[bool] = True
-    # Its dense part in bf16 where the device has bf16 units: faster, at the same AUC over seeds
-    # (docs/benchmarks.md, "Trainer: DLRM against TorchRec").
-    defaults_by_task: ClassVar[Mapping[str, Mapping[str, object]]] = {CLICKS: {**CLICKS_DEFAULTS, "training.mixed_precision": "auto"}}
     docs: ClassVar[str] = "trainer.md#dlrm"
 
     def check(self, cfg: TrainerConfig) -> None:
