@@ -318,12 +318,12 @@ class EmbeddingCollection:
             nf = len(g.features)
             raw_rows = g.rows_of(values, step)
             rows = g.storage_rows(g.admit(raw_rows), counts)
-            bags = pooling.plan_bags(rows, lengths.reshape(-1), g.num_rows)
+            bags = pooling.plan_bags(*pooling.by_sample(rows, lengths), g.num_rows)
             vectors, where = g.gather(bags.unique_rows)
             # A leaf holding only the touched rows: its .grad is the row-sparse gradient.
             touched = vectors.requires_grad_(True)
             pooled = pooling.pool(touched, bags)
-            out.append(pooled.view(nf, b, g.dim).transpose(0, 1))
+            out.append(pooled.view(b, nf, g.dim))
             self._pending.append((g, where, touched, raw_rows if g.seen is not None else None))
             self.last_unique_rows += bags.unique_rows.numel()
         if len(out) == len({g.dim for g in self.groups}):

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Bags", "plan_bags", "pool"]
+__all__ = ["Bags", "by_sample", "plan_bags", "pool"]
 
 
 class Bags(NamedTuple):
@@ -25,6 +25,19 @@ class Bags(NamedTuple):
     offsets: torch.Tensor  # per bag: its first id
     bag_by_row: torch.Tensor  # the bag of each id, ids ordered by row (stable, so by bag within a row)
     row_offsets: torch.Tensor  # per unique row: its first entry in bag_by_row
+
+
+def by_sample(rows: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's ids and bag lengths reordered from feature-major (`lengths` [features, batch]: every sample's
+    bag of the first feature, then of the next) to sample-major (each sample's bags of every feature in turn).
+    Pooled so, the bags are [batch, features, dim] as the dense model takes them: no transposed copy of them
+    forward (the model's concatenation) or of their gradient backward (`embedding_bag` wants it contiguous)."""
+    lengths_by_sample = lengths.t().reshape(-1)
+    # Each bag's first id where it is now, minus where it goes: the shift of every id of that bag.
+    shift = _starts(lengths.reshape(-1)).view(lengths.shape).t().reshape(-1) - _starts(lengths_by_sample)
+    positions = torch.repeat_interleave(shift, lengths_by_sample, output_size=rows.numel())
+    positions += torch.arange(rows.numel(), device=rows.device)
+    return rows.index_select(0, positions), lengths_by_sample
 
 
 def plan_bags(rows: torch.Tensor, lengths: torch.Tensor, num_rows: int) -> Bags:
