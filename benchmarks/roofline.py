@@ -1,7 +1,7 @@
 """kembed's DLRM step (benchmarks/trainer.py's config, 1 rank) against this machine's floor (issue 31).
 
-    .venv/bin/python benchmarks/roofline.py                        # fp32 dense part
-    .venv/bin/python benchmarks/roofline.py --precision bf16       # the dense part under bf16 autocast
+    .venv/bin/python benchmarks/roofline.py                        # the default: bf16 where the CPU has it
+    .venv/bin/python benchmarks/roofline.py --precision none       # the dense part in float32
 
 Three tables:
 1. This machine's rates: random-row gather bandwidth (`index_select` of sorted distinct random rows of dim 64,
@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import trainer as bench  # noqa: E402 - benchmarks/trainer.py: the config and cached batches compared there
 
-from kembed_trainer import dist, hugepages, report, train  # noqa: E402 - on the path after `trainer`
+from kembed_trainer import dist, hugepages, precision, report, train  # noqa: E402 - on the path after `trainer`
 
 DIM = 64
 ROW_BYTES = DIM * 4
@@ -110,7 +110,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=13, help="steps of the trainer, incl. warm-up")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=4096)
-    parser.add_argument("--precision", default="none", choices=["none", "bf16"], help="training.mixed_precision")
+    parser.add_argument("--precision", default="auto", choices=["auto", "none", "bf16"],
+                        help="training.mixed_precision (auto: the clicks default)")
     parser.add_argument("--repeats", type=int, default=9, help="timings per rate (the median is shown)")
     args = parser.parse_args()
 
@@ -149,8 +150,9 @@ def main() -> None:
     }
 
     load = os.getloadavg()
+    label = "bf16" if precision.dense_dtype(args.precision, torch.device("cpu")) == torch.bfloat16 else "fp32"
     print(f"\n{len(os.sched_getaffinity(0))} cores, torch {torch.__version__}, batch {args.batch_size}, "
-          f"dense part {args.precision}, {num_steps} profiled steps, load average {load[0]:.1f}\n")
+          f"dense part {args.precision} ({label}), {num_steps} profiled steps, load average {load[0]:.1f}\n")
     print("| random-row gather (dim 64, float32) | rows | gathered | GB/s |\n| --- | ---: | ---: | ---: |")
     print(f"| from the 26 tables stacked | {num_rows:,} | {num_unique:,} | {rows['tables']:.1f} |")
     print(f"| from one step's unique rows (pooling) | {num_unique:,} | {min(num_unique, num_ids):,} | "
@@ -173,12 +175,13 @@ def main() -> None:
     table_bytes = 3 * num_unique * ROW_BYTES
     pool_bytes = 2 * num_ids * ROW_BYTES
     embedding_floor = table_bytes / rows["tables"] / 1e9 + pool_bytes / rows["unique"] / 1e9
-    # Flops: each matmul of the forward, and two of the same size in the backward (the input's gradient and the
-    # weight's; the interaction's backward is one bmm of twice the work's half: counted as the forward's).
-    label = "bf16" if args.precision == "bf16" else "fp32"
-    flops = {name: 2 * m * k * n for name, m, k, n in shapes}
-    dense_floor = sum(3 * f / rates[name, label] / 1e9 for name, f in flops.items())
-    total_flops = 3 * sum(flops.values())
+    # Flops: each matmul of the forward, and in the backward the weight's gradient and (but for the first layer,
+    # whose input needs none) the input's, each as much again; the interaction's backward is one bmm of the
+    # forward's size (`dlrm._PairwiseDots`).
+    flops = {name: 2 * m * k * n * (2 if i == 0 or name.startswith("interaction") else 3)
+             for i, (name, m, k, n) in enumerate(shapes)}
+    dense_floor = sum(f / rates[name, label] / 1e9 for name, f in flops.items())
+    total_flops = sum(flops.values())
     print("\n| part | per step | at the measured rate | measured |\n| --- | ---: | ---: | ---: |")
     print(f"| embedding: random rows moved | {(table_bytes + pool_bytes) / 1e6:.0f} MB "
           f"({num_unique:,} unique rows, {num_ids:,} ids) | {embedding_floor * 1e3:.1f} ms | "

@@ -12,16 +12,22 @@ import pathlib
 
 import torch
 
-__all__ = ["autocast", "has_bf16_units"]
+__all__ = ["autocast", "dense_dtype", "has_bf16_units"]
 
 # /proc/cpuinfo's names for bf16 arithmetic: AVX-512 BF16 and AMX (x86), the BF16 extension (Arm).
 _BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
+def dense_dtype(setting: str, device: torch.device) -> torch.dtype:
+    """What the dense part computes in: bfloat16 or float32."""
+    bf16 = setting == "bf16" or (setting == "auto" and has_bf16_units(device))
+    return torch.bfloat16 if bf16 else torch.float32
+
+
 def autocast(setting: str, device: torch.device) -> torch.autocast:
     """The autocast the dense part's forward runs under (disabled: float32)."""
-    bf16 = setting == "bf16" or (setting == "auto" and has_bf16_units(device))
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+    low = dense_dtype(setting, device)
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=low == torch.bfloat16)
 
 
 def has_bf16_units(device: torch.device) -> bool:
