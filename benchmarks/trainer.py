@@ -253,7 +253,7 @@ def run_torchrec(cfg: config.TrainerConfig, env: dist.Env, args):
         for b in data.eval_batches():
             scores.append(dmp(b.dense, kjt(b)).squeeze(1))
             labels.append(b.labels)
-    scores_t, labels_t = train._gather(torch.cat(scores)), train._gather(torch.cat(labels))
+    scores_t, labels_t = dist.gather(torch.cat(scores)), dist.gather(torch.cat(labels))
     return sps, metrics.auc(scores_t, labels_t)
 
 
