@@ -46,8 +46,14 @@ system-deps:
 		{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; }
 
 # Only for benchmarks/trainer.py: TorchRec and FBGEMM's CPU build, without their CUDA requirements.
-bench-deps: install
+bench-deps: install $(KEMBED_CACHE)/surprise-venv/.installed
 	$(BIN)/pip install --no-deps -r benchmarks/requirements.txt
+
+# Surprise, benchmarks/ratings.py's baseline, in a venv of its own: it needs NumPy 1 (benchmarks/surprise-requirements.txt).
+$(KEMBED_CACHE)/surprise-venv/.installed: benchmarks/surprise-requirements.txt
+	$(PYTHON) -m venv $(KEMBED_CACHE)/surprise-venv
+	$(KEMBED_CACHE)/surprise-venv/bin/pip install -q -r benchmarks/surprise-requirements.txt
+	touch $@
 
 # The test Kubernetes control plane (etcd, kube-*, kwok, helm) built from Go modules into $(KEMBED_CACHE)/bin.
 cluster-bins:

@@ -314,7 +314,7 @@ class EmbeddingCollection:
         out = []
         self._pending = []
         self.last_unique_rows = 0
-        for g, (values, counts, lengths) in zip(self.groups, self._inputs(batch), strict=True):
+        for g, (values, counts, lengths) in zip(self.groups, self.inputs(batch), strict=True):
             nf = len(g.features)
             raw_rows = g.rows_of(values, step)
             rows = g.storage_rows(g.admit(raw_rows), counts)
@@ -337,7 +337,7 @@ class EmbeddingCollection:
             merged.append(whole)
         return merged
 
-    def _inputs(self, batch: Batch) -> list[tuple[list[torch.Tensor], list[int], torch.Tensor]]:
+    def inputs(self, batch: Batch) -> list[tuple[list[torch.Tensor], list[int], torch.Tensor]]:
         """Per group: its features' ids, how many each, and their bags' lengths ([features, batch])."""
         lengths = batch.lengths.view(self.num_features, batch.batch_size)
         counts = lengths.sum(1).tolist()
@@ -363,7 +363,7 @@ class EmbeddingCollection:
         trainer hands over the next step's batch while this step trains."""
         if not self.prefetches:
             return
-        for g, (values, counts, _) in zip(self.groups, self._inputs(batch), strict=True):
+        for g, (values, counts, _) in zip(self.groups, self.inputs(batch), strict=True):
             if g.tiered:
                 g.prefetch(functools.partial(_unique_storage_rows, g, values, counts))
 

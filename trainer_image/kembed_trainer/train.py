@@ -98,7 +98,7 @@ class Trainer:
             else None
         )
         with self.clock.phase("imports"):  # a compiled step compiles its kernel (or loads it from numba's cache)
-            self.compiled = self.kind.compiled_step(cfg, data=self.data, embeddings=self.embeddings,
+            self.compiled = self.kind.compiled_step(cfg, data=self.data, embeddings=self.embeddings, model=dense,
                                                     total_steps=self.total_steps, rank=env.rank,
                                                     world_size=env.world_size)
         self.step = 0

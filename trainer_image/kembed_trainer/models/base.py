@@ -83,8 +83,9 @@ class ModelTraining:
         return build_task(cfg)
 
     def compiled_step(self, cfg: config.TrainerConfig, *, data: Any, embeddings: EmbeddingCollection,
-                      total_steps: int, rank: int, world_size: int) -> CompiledStep | None:
-        """A step of its own instead of the batch/autograd loop's (no dense optimizer, no sparse one)."""
+                      model: nn.Module, total_steps: int, rank: int, world_size: int) -> CompiledStep | None:
+        """A step of its own instead of the batch/autograd loop's (no dense optimizer, no sparse one); `model`
+        is the dense model, unwrapped, whose parameters the step may move in place (they are checkpointed)."""
         return None
 
     def evaluator(self, cfg: config.TrainerConfig, *, model: nn.Module, embeddings: EmbeddingCollection,

@@ -29,8 +29,8 @@ class Word2VecTraining(ModelTraining):
     def dense_model(self, cfg: config.TrainerConfig) -> nn.Module:
         return SkipGram(features=cfg.embeddings.features)
 
-    def compiled_step(self, cfg: config.TrainerConfig, *, data: Any, embeddings: Any, total_steps: int, rank: int,
-                      world_size: int) -> CompiledStep:
+    def compiled_step(self, cfg: config.TrainerConfig, *, data: Any, embeddings: Any, model: nn.Module,
+                      total_steps: int, rank: int, world_size: int) -> CompiledStep:
         """Compiled code straight on the tables: no batches, no autograd, no optimizer."""
         # numba only where it is used: other models start faster.
         from kembed_trainer.models.word2vec import sgd
