@@ -63,8 +63,7 @@ def kembed_job(server, data: pathlib.Path, *, cpu: float, step: str) -> dict:
     spec["trainer"]["model"]["step"] = step
     job = server.client.submit(spec)
     (done,) = embedded_jobs.wait_all(server, [job["id"]])
-    return {"wall": done["seconds"]["wall"], "training": done["seconds"]["training"],
-            "rmse": done["result"]["eval"]["rmse"]}
+    return {**done["seconds"], "rmse": done["result"]["rmse"]}
 
 
 def main() -> None:
@@ -89,8 +88,9 @@ def main() -> None:
                     fits.setdefault(name, []).append(fit)
             for step in steps:
                 jobs[step].append(kembed_job(server, folder / "data", cpu=args.cpu, step=step))
-            print(f"  round {r + 1}: {fits and {n: f[-1] for n, f in fits.items()}} {[j[-1] for j in jobs.values()]}",
-                  flush=True)
+            print(f"  round {r + 1}: Surprise {fits and {n: f[-1] for n, f in fits.items()}}", flush=True)
+            for step, runs in jobs.items():
+                print(f"  round {r + 1}: kembed step {step}: seconds by phase {runs[-1]}", flush=True)
     median = lambda runs, key: statistics.median(run[key] for run in runs)  # noqa: E731
     started = time.perf_counter()
     baseline = bias_baseline_rmse(train, test)
@@ -98,14 +98,14 @@ def main() -> None:
 
     print(f"\nMovieLens-100k, {train.num_rows} train / {test.num_rows} test ratings (seeded 80/20 split), "
           f"medians of {args.rounds} round(s); {versions or 'Surprise: not installed (make bench-deps)'}")
-    print(f"{'model':<48} {'RMSE':>7} {'seconds':>8} {'training s':>11}")
-    print(f"{'bias baseline (BaselineOnly by ALS, numpy), fit':<48} {baseline:>7.4f} {baseline_seconds:>8.2f}")
+    print(f"{'model':<50} {'RMSE':>7} {'seconds':>8} {'training s':>11}")
+    print(f"{'bias baseline (BaselineOnly by ALS, numpy), fit':<50} {baseline:>7.4f} {baseline_seconds:>8.2f}")
     for name, runs in fits.items():
-        print(f"{'Surprise ' + name + ' (defaults), fit':<48} {median(runs, 'rmse'):>7.4f} "
+        print(f"{'Surprise ' + name + ' (defaults), fit':<50} {median(runs, 'rmse'):>7.4f} "
               f"{median(runs, 'fit_seconds'):>8.2f}")
     for step, runs in jobs.items():
         label = f"kembed job, ratings defaults, step {step}: wall"
-        print(f"{label:<48} {median(runs, 'rmse'):>7.4f} {median(runs, 'wall'):>8.2f} {median(runs, 'training'):>11.2f}")
+        print(f"{label:<50} {median(runs, 'rmse'):>7.4f} {median(runs, 'wall'):>8.2f} {median(runs, 'training'):>11.2f}")
     if "SVD++" in fits:
         svdpp, job = fits["SVD++"], jobs["auto"]
         ratio = median(svdpp, "fit_seconds") / median(job, "wall")
