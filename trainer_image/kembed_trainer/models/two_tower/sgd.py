@@ -18,6 +18,8 @@ same bit for bit.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -33,7 +35,7 @@ class RatingsSGD:
     def __init__(
         self,
         cfg: config.TrainerConfig,
-        data,
+        data: Any,  # any data source of rows: `train_batch(step) -> Batch`
         embeddings: embedding.EmbeddingCollection,
         *,
         global_bias: torch.Tensor | None,
@@ -46,15 +48,15 @@ class RatingsSGD:
         group = self.group
         assert group.num_replicated_rows == group.num_rows, "compiled_unfit refuses sharded tables"
         self.weight = group.weight
-        self.features = {f: i for i, f in enumerate(group.features)}
-        self.user_features = np.array([self.features[f] for f in cfg.model.user_features], dtype=np.int64)
-        self.item_features = np.array([self.features[f] for f in cfg.model.item_features], dtype=np.int64)
+        position = {f: i for i, f in enumerate(group.features)}  # a feature's place in the group's lookups
+        self.user_features = np.array([position[f] for f in cfg.model.user_features], dtype=np.int64)
+        self.item_features = np.array([position[f] for f in cfg.model.item_features], dtype=np.int64)
         batch_size = cfg.training.batch_size
-        rows_table = group.repl_table(torch.arange(group.num_rows))
+        table_of_row = group.repl_table(torch.arange(group.num_rows))
         # The batch path's per-row lr and weight decay as the kernel's per-rating step and per-step decay
         # (mf_kernel's docstring says how they map).
-        self.row_step = (2.0 * group.lr_scale[rows_table] / batch_size).float().numpy()
-        self.row_decay = (group.lr_scale[rows_table] * group.weight_decay[rows_table]).float().numpy()
+        self.row_step = (2.0 * group.lr_scale[table_of_row] / batch_size).float().numpy()
+        self.row_decay = (group.lr_scale[table_of_row] * group.weight_decay[table_of_row]).float().numpy()
         self.biases = global_bias is not None
         self.bias = global_bias if global_bias is not None else torch.zeros(1)
         self.bias_step = 2.0 * cfg.optimizer.dense.lr / batch_size
