@@ -7,8 +7,9 @@ pass: each rating is two dot products' worth of work on rows that stay in cache.
 few hundred ratings take tens of microseconds, about what handing half of them to another thread would cost.
 
 With several ranks each trains its own shard of the data on its replica of the tables, then the ranks add up
-what their step changed (an all-reduce of the change, as word2vec's `sgd`), so every replica holds every rank's
-updates, as if the ranks were hogwild threads of one process that see each other's writes one step late. Every
+what their step changed (as word2vec's `sgd`), so every replica holds every rank's
+updates, as if the ranks were hogwild threads of one process that see each other's writes one step late. Only
+the rows some rank's step touched travel (their changes all-gathered, as the batch path's gradients). Every
 rating thus moves the rows by its own full step, as with one rank; the batch path instead averages the ranks'
 gradients, so there a rating's step shrinks as ranks are added.
 
@@ -22,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from kembed_contract import trainer_config as config
 from kembed_trainer import embedding, sparse_optim
@@ -64,7 +64,6 @@ class RatingsSGD:
         # NumPy views of what the kernel moves (a checkpoint's restore loads into these tensors in place).
         self._arrays = (self.weight.numpy(), self.bias.detach().numpy(), group.changed.numpy())
         self.world_size = world_size
-        self._before = (torch.empty_like(self.weight), torch.empty_like(self.bias)) if world_size > 1 else None
         self._train(np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.float32), 0.0)  # compile or load
 
     def _train(self, rows: np.ndarray, offsets: np.ndarray, labels: np.ndarray, lr: float) -> float:
@@ -82,19 +81,31 @@ class RatingsSGD:
         np.cumsum(lengths.reshape(-1).numpy(), out=offsets[1:])
         labels = batch.labels.numpy()
         lr = sparse_optim.learning_rate(self.opt, step, self.total_steps)
-        if self._before is not None:
-            self._before[0].copy_(self.weight)
-            self._before[1].copy_(self.bias.detach())
-        squared_error = self._train(rows, offsets, labels, lr)
-        if self._before is not None:
-            # Every rank adds every rank's change: weight = before + sum over ranks of (weight_r - before).
-            for tensor, before in zip((self.weight, self.bias.detach()), self._before, strict=True):
-                tensor.sub_(before)
-                dist.all_reduce(tensor)
-                if tensor is self.weight:  # rows other ranks moved are changed here too
-                    self.group.changed.logical_or_(tensor.ne(0).any(1))
-                tensor.add_(before)
+        if self.world_size == 1:
+            squared_error = self._train(rows, offsets, labels, lr)
+        else:
+            touched = torch.from_numpy(np.unique(rows))
+            before = self.weight.index_select(0, touched), self.bias.detach().clone()
+            squared_error = self._train(rows, offsets, labels, lr)
+            self._add_up_ranks(touched, *before)
         return torch.tensor(squared_error / max(len(labels), 1))
+
+    def _add_up_ranks(self, touched: torch.Tensor, rows_before: torch.Tensor, bias_before: torch.Tensor) -> None:
+        """Every rank's change of the step on every replica: each row (and the global bias) ends at its value
+        before the step plus what each rank's step changed in it. Only rows some rank touched travel, and the
+        global bias with them as one more row (index num_rows, its change in the first column): one exchange."""
+        bias = self.bias.detach()
+        change = torch.zeros(touched.numel() + 1, self.weight.shape[1])
+        torch.sub(self.weight.index_select(0, touched), rows_before, out=change[:-1])
+        change[-1, 0] = bias[0] - bias_before[0]
+        bias_row = self.group.num_rows
+        rows, summed = embedding.sum_across_ranks(torch.cat([touched, touched.new_tensor([bias_row])]), change,
+                                                  self.world_size)
+        rows, summed, bias_change = rows[:-1], summed[:-1], summed[-1, 0]  # sorted: the bias's row comes last
+        self.weight.index_copy_(0, touched, rows_before)
+        self.weight.index_add_(0, rows, summed)
+        self.group.changed[rows] = True  # rows other ranks moved are changed here too (incremental checkpoints)
+        bias.copy_(bias_before + bias_change)
 
     def close(self) -> None:
         pass
