@@ -1,0 +1,186 @@
+"""Elastic jobs in the admission core, pure: the size a job starts at, shrinking instead of preempting, and fair
+growth into what the queue leaves (kembed_api.quota.preemption's docstring says the rules)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kembed_api.quota.admission import Demand, Quota
+from kembed_api.quota.preemption import Admit, Elastic, Pending, Resize, Running, Share, decide
+from kembed_contract.spec import JobSpec
+from tests.builders import make_spec
+
+LOW, NORMAL, HIGH = 0, 100, 1000
+CLUSTER = Quota(gpus=16)
+LONG_AGO = -10**9  # a start or resize the cool-down has long forgotten
+
+
+def gpus(n: int) -> Demand:
+    """One job of `n` single-GPU nodes."""
+    return Demand(gpus=n, running_jobs=1)
+
+
+def share(nominal: int, *, cohort: str | None = "research", borrow: int | None = None) -> Share:
+    return Share(nominal=Quota(gpus=nominal), cohort=cohort, borrowing_limit=Quota(gpus=borrow))
+
+
+def elastic_running(key, tenant, nodes, least, most, *, priority=NORMAL, at_risk=0.0, resized_at=LONG_AGO,
+                    protected=False) -> Running:
+    return Running(key, tenant, gpus(nodes), priority, work_at_risk=at_risk, protected=protected,
+                   elastic=Elastic(nodes, least, most), resized_at=resized_at)
+
+
+def rigid_running(key, tenant, n, *, priority=NORMAL, at_risk=0.0) -> Running:
+    return Running(key, tenant, gpus(n), priority, work_at_risk=at_risk)
+
+
+def elastic_pending(key, tenant, least, most, *, priority=NORMAL) -> Pending:
+    return Pending(key, tenant, gpus(most), priority, elastic=Elastic(most, least, most))
+
+
+def rigid_pending(key, tenant, n, *, priority=NORMAL) -> Pending:
+    return Pending(key, tenant, gpus(n), priority)
+
+
+def sizes(plan) -> dict:
+    """Each resized job's new size, with its reason."""
+    return {r.key: (r.nodes, r.reason) for r in plan.resize}
+
+
+def test_what_a_job_holds_at_another_size_is_what_the_same_spec_asks_at_that_size():
+    def demand(nodes: int) -> Demand:
+        spec = make_spec().with_gpus(2).with_resources(nodes=nodes, cpu_per_node=1.5, memory_per_node="3Gi")
+        return Demand.of(JobSpec.model_validate(spec.spec))
+
+    assert demand(4).resized(4, 3) == demand(3) and demand(1).resized(1, 5) == demand(5)
+    assert demand(3).resized(3, 2).running_jobs == 1
+
+
+def test_an_elastic_job_starts_at_the_largest_size_that_fits():
+    plan = decide(shares={"a": share(16, cohort=None)}, capacity=CLUSTER, running=[rigid_running(1, "a", 10)],
+                  queue=[elastic_pending(2, "a", 2, 8)])
+    assert plan.admit == [Admit(2, borrowed=False, nodes=6)]
+
+
+def test_an_elastic_job_waits_when_not_even_its_minimum_fits():
+    plan = decide(shares={"a": share(16, cohort=None)}, capacity=CLUSTER, running=[rigid_running(1, "a", 15)],
+                  queue=[elastic_pending(2, "a", 2, 8)])
+    assert plan.admit == [] and plan.wait[0].key == 2 and "quota.gpus: needs 2 GPUs" in plan.wait[0].reason
+
+
+def test_an_elastic_job_leaves_a_waiting_job_ahead_of_it_what_that_job_needs():
+    """b's head (8 GPUs) waits for a's job to end; c's elastic job behind it starts at its minimum, not at 6."""
+    shares = {"a": share(16, cohort=None), "b": share(16, cohort=None), "c": share(16, cohort=None)}
+    plan = decide(shares=shares, capacity=CLUSTER, running=[rigid_running(1, "a", 4)],
+                  queue=[rigid_pending(2, "a", 8), rigid_pending(3, "b", 8, priority=NORMAL),
+                         elastic_pending(4, "c", 2, 6)])
+    assert plan.admit == [Admit(2, borrowed=False), Admit(4, borrowed=False, nodes=2)]
+    assert [w.key for w in plan.wait] == [3]
+
+
+def test_a_running_elastic_job_grows_into_capacity_freed_by_a_job_that_ended():
+    plan = decide(shares={"a": share(16, cohort=None)}, capacity=CLUSTER,
+                  running=[elastic_running(1, "a", 4, 2, 12), rigid_running(2, "a", 2)], queue=[])
+    assert sizes(plan) == {1: (12, "IdleCapacity")}
+
+
+def test_nothing_grows_while_a_job_that_the_capacity_would_serve_waits():
+    shares = {"a": share(8), "b": share(8)}
+    running = [elastic_running(1, "a", 4, 2, 12), rigid_running(2, "b", 8)]
+    plan = decide(shares=shares, capacity=CLUSTER, running=running, queue=[rigid_pending(3, "b", 6)])
+    # b's job waits for 6 GPUs while 4 are idle: they are kept for it rather than grown into
+    assert plan.resize == [] and [w.key for w in plan.wait] == [3]
+    free_for_it = decide(shares=shares, capacity=CLUSTER, running=running, queue=[rigid_pending(3, "b", 2)])
+    assert free_for_it.admit == [Admit(3, borrowed=True)] and sizes(free_for_it) == {1: (6, "IdleCapacity")}
+
+
+def test_a_job_grows_again_only_after_the_cool_down():
+    shares = {"a": share(16, cohort=None)}
+    plan = decide(shares=shares, capacity=CLUSTER, running=[elastic_running(1, "a", 4, 2, 8, resized_at=1000.0)],
+                  queue=[], now=1000.0 + 60, resize_cooldown_s=600)
+    assert plan.resize == []
+    later = decide(shares=shares, capacity=CLUSTER, running=[elastic_running(1, "a", 4, 2, 8, resized_at=1000.0)],
+                   queue=[], now=1000.0 + 600, resize_cooldown_s=600)
+    assert sizes(later) == {1: (8, "IdleCapacity")}
+
+
+def test_growth_is_fair_between_tenants_the_one_furthest_below_its_share_first():
+    """a holds 8 of its 8, b 2 of its 8: of 6 idle GPUs b gets 6 first, up to its own share, then they alternate."""
+    shares = {"a": share(8), "b": share(8)}
+    running = [elastic_running(1, "a", 8, 1, 16), elastic_running(2, "b", 2, 1, 16)]
+    assert sizes(decide(shares=shares, capacity=CLUSTER, running=running, queue=[])) == {2: (8, "IdleCapacity")}
+    bigger = decide(shares=shares, capacity=Quota(gpus=20), running=running, queue=[])
+    # the cohort's pool is 16: growth never takes the cohort beyond its members' quotas together
+    assert sizes(bigger) == {2: (8, "IdleCapacity")}
+    shares = {"a": share(8), "b": share(8), "c": share(8)}  # c lends 8 more: a and b share them, a node each in turn
+    assert sizes(decide(shares=shares, capacity=Quota(gpus=24), running=running, queue=[])) == {
+        1: (12, "IdleCapacity"), 2: (12, "IdleCapacity")}
+
+
+def test_growth_keeps_to_the_borrowing_limit():
+    shares = {"a": share(4, borrow=2), "b": share(12)}
+    plan = decide(shares=shares, capacity=CLUSTER, running=[elastic_running(1, "a", 2, 1, 16)], queue=[])
+    assert sizes(plan) == {1: (6, "IdleCapacity")}
+
+
+def test_a_higher_priority_job_shrinks_an_elastic_job_instead_of_preempting_it():
+    shares = {"a": share(16, cohort=None)}
+    running = [elastic_running(1, "a", 12, 4, 12, priority=LOW), rigid_running(2, "a", 4, priority=LOW)]
+    plan = decide(shares=shares, capacity=CLUSTER, running=running, queue=[rigid_pending(3, "a", 6, priority=HIGH)])
+    assert plan.preempt == [] and plan.resize == [Resize(1, 6, "HigherPriority", preemptor=3)]
+    assert plan.wait[0].key == 3 and plan.wait[0].reason.startswith("preempted jobs")  # its 6 GPUs reserved
+
+
+def test_an_elastic_job_is_preempted_whole_only_when_its_minimum_must_go_too():
+    shares = {"a": share(16, cohort=None)}
+    running = [elastic_running(1, "a", 12, 4, 12, priority=LOW), rigid_running(2, "a", 4, priority=HIGH)]
+    plan = decide(shares=shares, capacity=CLUSTER, running=running, queue=[rigid_pending(3, "a", 10, priority=HIGH)])
+    # its 8 nodes above its minimum are not enough, and the other job is no victim: all of it goes
+    assert [p.victim for p in plan.preempt] == [1] and plan.resize == []
+
+
+@pytest.mark.parametrize("wanted", [pytest.param(n, id=f"{n}-gpus") for n in (1, 7, 8)])
+def test_a_shrunk_job_gives_back_only_what_is_needed_and_never_goes_below_its_minimum(wanted):
+    shares = {"a": share(16, cohort=None)}
+    running = [elastic_running(1, "a", 12, 4, 12, priority=LOW), rigid_running(2, "a", 4, priority=LOW, at_risk=9)]
+    plan = decide(shares=shares, capacity=CLUSTER, running=running,
+                  queue=[rigid_pending(3, "a", wanted, priority=HIGH)])
+    assert plan.preempt == [] and sizes(plan) == {1: (12 - wanted, "HigherPriority")}
+    assert all(r.nodes >= 4 for r in plan.resize)
+
+
+def test_shrinks_come_before_preemptions_whatever_the_order_of_victims():
+    """The rigid job has less work at risk (it would be the first victim), but shrinking the other is enough."""
+    shares = {"a": share(16, cohort=None)}
+    running = [elastic_running(1, "a", 12, 4, 12, priority=LOW, at_risk=50.0),
+               rigid_running(2, "a", 4, priority=LOW, at_risk=1.0)]
+    plan = decide(shares=shares, capacity=CLUSTER, running=running, queue=[rigid_pending(3, "a", 4, priority=HIGH)])
+    assert plan.preempt == [] and sizes(plan) == {1: (8, "HigherPriority")}
+
+
+def test_a_lender_reclaims_from_an_elastic_borrower_by_shrinking_it_as_far_as_needed():
+    shares = {"a": share(8), "b": share(8)}
+    running = [elastic_running(1, "a", 14, 2, 16)]  # a borrows 6 of b's quota
+    plan = decide(shares=shares, capacity=CLUSTER, running=running, queue=[rigid_pending(9, "b", 4)])
+    assert plan.preempt == [] and plan.resize == [Resize(1, 12, "ReclaimedByLender", preemptor=9)]
+    # b wants all 8: a gives back only what it borrowed, never what its own quota guarantees
+    plan = decide(shares=shares, capacity=CLUSTER, running=running, queue=[rigid_pending(9, "b", 8)])
+    assert plan.resize == [Resize(1, 8, "ReclaimedByLender", preemptor=9)] and plan.wait[0].key == 9
+
+
+def test_a_lender_still_preempts_a_rigid_borrower_beside_an_elastic_one():
+    shares = {"a": share(8), "b": share(8)}
+    running = [rigid_running(1, "a", 4, at_risk=1.0), elastic_running(2, "a", 8, 6, 8, at_risk=2.0),
+               rigid_running(3, "b", 4)]
+    plan = decide(shares=shares, capacity=CLUSTER, running=running, queue=[rigid_pending(9, "b", 4)])
+    # the elastic job can give back 2 nodes, not the 4 needed: it is spared, and the rigid borrower goes
+    assert [(p.victim, p.reason) for p in plan.preempt] == [(1, "ReclaimedByLender")] and plan.resize == []
+
+
+def test_a_job_giving_back_nodes_is_not_grown_and_what_it_frees_is_reserved():
+    shares = {"a": share(16, cohort=None)}
+    shrinking = Running(1, "a", gpus(12), LOW, elastic=Elastic(12, 4, 12), shrinking_to=6, resized_at=LONG_AGO)
+    plan = decide(shares=shares, capacity=CLUSTER, running=[shrinking, elastic_running(2, "a", 2, 1, 8)],
+                  queue=[rigid_pending(3, "a", 8, priority=HIGH)])
+    assert plan.preempt == [] and plan.resize == [] and plan.admit == []
+    assert plan.wait[0].reason.startswith("preempted jobs")
