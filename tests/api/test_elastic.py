@@ -84,14 +84,38 @@ def test_a_running_elastic_job_grows_into_capacity_freed_by_a_job_that_ended():
     assert sizes(plan) == {1: (12, "IdleCapacity")}
 
 
-def test_nothing_grows_while_a_job_that_the_capacity_would_serve_waits():
-    shares = {"a": share(8), "b": share(8)}
-    running = [elastic_running(1, "a", 4, 2, 12), rigid_running(2, "b", 8)]
-    plan = decide(shares=shares, capacity=CLUSTER, running=running, queue=[rigid_pending(3, "b", 6)])
-    # b's job waits for 6 GPUs while 4 are idle: they are kept for it rather than grown into
-    assert plan.resize == [] and [w.key for w in plan.wait] == [3]
-    free_for_it = decide(shares=shares, capacity=CLUSTER, running=running, queue=[rigid_pending(3, "b", 2)])
-    assert free_for_it.admit == [Admit(3, borrowed=True)] and sizes(free_for_it) == {1: (6, "IdleCapacity")}
+def test_the_queue_comes_first_growth_gets_only_what_no_waiting_job_can_start_with():
+    shares = {"a": share(16, cohort=None), "b": share(16, cohort=None)}
+    running = [elastic_running(1, "a", 4, 2, 16), rigid_running(2, "b", 6)]
+    plan = decide(shares=shares, capacity=CLUSTER, running=running,
+                  queue=[rigid_pending(3, "b", 4), rigid_pending(4, "b", 4)])
+    # of the 6 idle GPUs, b's first queued job takes 4; its second cannot start with the 2 left, a grows by them
+    assert plan.admit == [Admit(3, borrowed=False)] and [w.key for w in plan.wait] == [4]
+    assert sizes(plan) == {1: (6, "IdleCapacity")}
+
+
+def test_a_waiting_job_takes_back_what_a_job_grew_by_before_anyone_is_preempted():
+    shares = {"a": share(16, cohort=None)}
+    grown = Running(1, "a", gpus(10), NORMAL, elastic=Elastic(10, 2, 16), resized_at=LONG_AGO, base_nodes=4)
+    running = [grown, rigid_running(2, "a", 6, priority=LOW)]
+    plan = decide(shares=shares, capacity=CLUSTER, running=running, queue=[rigid_pending(3, "a", 5, priority=HIGH)])
+    # the high-priority job could preempt the low one; the grown job gives back 5 of its 6 lent nodes instead
+    assert plan.preempt == [] and plan.resize == [Resize(1, 5, "QueueFirst", preemptor=3)]
+    # a job of no higher priority than the grown one may take back only what it grew by: this one waits
+    running = [grown, rigid_running(2, "a", 6, priority=HIGH)]
+    plan = decide(shares=shares, capacity=CLUSTER, running=running, queue=[rigid_pending(3, "a", 7, priority=NORMAL)])
+    assert plan.resize == [] and plan.preempt == [] and plan.wait[0].key == 3
+    # nor does a job of lower priority than the grown one take anything
+    plan = decide(shares=shares, capacity=CLUSTER, running=running, queue=[rigid_pending(3, "a", 5, priority=LOW)])
+    assert plan.resize == [] and plan.preempt == [] and plan.wait[0].key == 3
+
+
+def test_another_cohort_member_takes_back_what_a_borrower_grew_by():
+    shares = {"a": share(8), "b": share(8), "c": share(8)}
+    grown = Running(1, "a", gpus(12), NORMAL, elastic=Elastic(12, 2, 16), resized_at=LONG_AGO, base_nodes=4)
+    plan = decide(shares=shares, capacity=Quota(gpus=20), running=[grown, rigid_running(2, "b", 8)],
+                  queue=[rigid_pending(9, "b", 2)])  # b would borrow too: without the loan it could take nothing
+    assert plan.resize == [Resize(1, 10, "QueueFirst", preemptor=9)] and plan.preempt == []
 
 
 def test_a_job_grows_again_only_after_the_cool_down():

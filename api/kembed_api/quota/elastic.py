@@ -85,13 +85,14 @@ def _limit(quota: Quota, demand_field: str) -> float | None:
     return next((limit for field, limit, *_ in quota.limits if field == demand_field), None)
 
 
-def fair_growth(books: Books, candidates: Iterable[Running], *, owed: Sequence[Pending]) -> dict[Hashable, int]:
+def fair_growth(books: Books, candidates: Iterable[Running]) -> dict[Hashable, int]:
     """Grows running elastic jobs into what the pass left, one node at a time, and returns the new sizes.
 
     Each node goes to the tenant holding the smallest fraction of its fair share (its nominal quota); within a
     tenant to its highest-priority job, then its smallest, then its oldest. A node is taken only where it fits as
-    a job admitted would (capacity, nominal quota, borrowing limit, cohort) and leaves every waiting job (`owed`:
-    all of them, since the queue comes first) what it needs to start."""
+    a job admitted would (capacity, nominal quota, borrowing limit, cohort). The queue has had its turn: what is
+    left, no waiting job can start with; a node grown into is lent, and goes back to a waiting job that needs it
+    (kembed_api.quota.preemption: `QueueFirst`)."""
     sizes = {job.key: job.elastic.nodes for job in candidates if job.elastic is not None}
     growing = {job.key: job for job in candidates if job.key in sizes}
     while True:
@@ -104,8 +105,7 @@ def fair_growth(books: Books, candidates: Iterable[Running], *, owed: Sequence[P
             if choice is not None and rank >= choice[0]:
                 continue
             step = grows_by(job, nodes)
-            if (books.why_not(job.tenant, step, may_borrow=True) is None
-                    and _leaves_owed(books, job.tenant, step, owed)):
+            if books.why_not(job.tenant, step, may_borrow=True) is None:
                 choice = (rank, job, step)
         if choice is None:
             break

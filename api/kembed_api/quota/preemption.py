@@ -26,19 +26,20 @@ The model (Kueue's ClusterQueue and cohort, in kembed's words):
 Elastic jobs (a size range in nodes, `Elastic`; a rigid gang is decided exactly as above):
 - Admission: an elastic job starts when its minimum fits (as a gang of that size would), at the largest size of
   its range that fits and leaves the head of every queue ahead of it (higher or equal standing) what it needs to
-  start. A queued elastic job preempts or shrinks others only for its minimum.
-- Shrink before preempting: victims are chosen in the same order, but first every candidate above its minimum
-  gives back nodes, one at a time, only while they are needed; only then are jobs preempted whole (an elastic
-  one's minimum too); then every node and job not needed after all is given back. A shrunk job saves at a step
-  boundary and restarts smaller (`Resize`); what it gives back is reserved for the job it makes room for. A
-  shrink spends no restart, and a job is never below its minimum.
-- Growth: what the pass leaves goes to elastic jobs below their maximum, the queue first: a node is taken only
-  where it fits as an admitted job would (capacity, nominal quota, borrowing limit, cohort) and leaves the head
-  of every tenant's queue what it needs to start, in every limit they share. Nodes go one at a time to the
-  tenant holding the smallest fraction of its nominal quota (dominant share); within it, to the
-  highest-priority, then smallest, then oldest job. Jobs admitted in the same pass grow first in effect (they
-  have not started: growing them costs nothing), and a running job grows only `RESIZE_COOLDOWN_S` after its
-  last start or resize, so that nothing thrashes; what a growth borrows is reclaimed by shrinking it first.
+  start. A queued elastic job takes from others only for its minimum.
+- Growth: the queue has its turn first; what the pass leaves (no waiting job can start with it) goes to running
+  elastic jobs below their maximum, a node at a time, each where it fits as an admitted job would (capacity,
+  nominal quota, borrowing limit, cohort): to the tenant holding the smallest fraction of its nominal quota
+  (its dominant share), within it to the highest-priority, then smallest, then oldest job. A job grows only
+  `RESIZE_COOLDOWN_S` after its last start or resize, so that nothing thrashes.
+- What a job grew by is lent by the queue: a waiting job of no lower priority that needs it takes it back
+  (`QueueFirst`), before anyone is shrunk or preempted for it, and only what it needs, under the rules of
+  borrowing (what a tenant holds within its nominal quota stays its own).
+- Shrink before preempting: victims are chosen in the same order as preemption's, but first every candidate
+  above its minimum gives back nodes, one at a time, only while they are needed; only then are jobs preempted
+  whole (an elastic one's minimum too); then every node and job not needed after all is given back. A shrunk
+  job saves at a step boundary and restarts smaller (`Resize`); what it gives back is reserved for the job it
+  makes room for. A resize spends no restart, and a job is never below its minimum nor above its maximum.
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class Running:
     elastic: Elastic | None = None  # its size range; None: a rigid gang
     shrinking_to: int | None = None  # asked to save and restart at this many nodes: the rest is on its way back
     resized_at: float | None = None  # when it last started at its size now (admitted or resized), on `now`'s clock
+    # The size it was admitted at, or shrunk to since: the nodes it grew by beyond it are lent by the queue and go
+    # back to any waiting job that needs them (None: its size now, nothing lent).
+    base_nodes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,8 @@ class Resize:
 
     key: Hashable
     nodes: int  # its new size
-    # Grown: IdleCapacity. Shrunk to make room for `preemptor`: ReclaimedByLender | HigherPriority, as a preemption.
+    # Grown: IdleCapacity. Shrunk to make room for `preemptor`: ReclaimedByLender | HigherPriority, as a
+    # preemption, or QueueFirst (it gives back nodes it grew by).
     reason: str
     preemptor: Hashable | None = None
 
@@ -140,8 +145,7 @@ def decide(
     never overtaken. Jobs that fit within their tenant's nominal quota go first (a sweep that may reclaim lent
     quota), then the rest may borrow (a second sweep); then running elastic jobs grow into what is left. `queue`
     is read lazily, and a sweep stops reading once every tenant of `waiting_tenants` (those with jobs queued) has
-    its head blocked: a long queue that cannot move costs a pass its first few pages, not the whole queue (what
-    elastic jobs may take is decided by the heads of the queues, read by then). `now` (seconds, on the clock
+    its head blocked: a long queue that cannot move costs a pass its first few pages, not the whole queue. `now` (seconds, on the clock
     of `Running.resized_at`) and `resize_cooldown_s` say which running elastic jobs may grow."""
     books = Books(shares, capacity, ((job.tenant, job.demand) for job in running))
     plan = Plan()
@@ -203,40 +207,29 @@ def decide(
                 unserved[pending.key] = (place, pending)
             if waiting_tenants is not None and waiting_tenants <= blocked:
                 break  # every tenant with jobs queued waits: reading further admits nothing
-    plan.admit, plan.resize = _grow(books, plan, victims_of, _heads(unserved.values()), now=now,
-                                    cooldown_s=resize_cooldown_s, queue=queue)
+    plan.resize = _grow(books, plan, victims_of, now=now, cooldown_s=resize_cooldown_s)
     plan.wait = [Wait(key, reason) for key, reason in waiting.items()]
     return plan
 
 
-def _grow(books: Books, plan: Plan, running: dict[Hashable, Running], owed: Sequence[Pending], *, now: float,
-          cooldown_s: float, queue: _Lazy) -> tuple[list[Admit], list[Resize]]:
-    """What the pass left goes to elastic jobs below their maximum: those it admits (their start costs nothing
-    more) and running ones whose last resize is at least `cooldown_s` old; `elastic.fair_growth` says who first."""
-    admitted = {job.key: job for job in queue if job.elastic is not None}
-    candidates = [
-        Running(a.key, job.tenant, demand_at(job, a.nodes), job.priority,
-                elastic=dataclasses.replace(job.elastic, nodes=a.nodes))
-        for a in plan.admit if a.nodes is not None and (job := admitted[a.key])
-    ] + [
-        job for job in running.values()
-        if job.elastic is not None and not job.stopping and job.shrinking_to is None
-        and (job.resized_at is None or now - job.resized_at >= cooldown_s)
-    ]
-    sizes = elastic.fair_growth(books, candidates, owed=owed)
-    admits = [dataclasses.replace(a, nodes=sizes[a.key], borrowed=books.borrowing(admitted[a.key].tenant))
-              if a.key in sizes else a for a in plan.admit]
-    grown = [Resize(key, nodes, "IdleCapacity") for key, nodes in sizes.items() if key in running]
-    return admits, plan.resize + grown
+def _grow(books: Books, plan: Plan, running: dict[Hashable, Running], *, now: float,
+          cooldown_s: float) -> list[Resize]:
+    """What the pass left goes to running elastic jobs below their maximum whose last start or resize is at least
+    `cooldown_s` old; `elastic.fair_growth` says who first. (A job admitted in this pass already starts at the
+    largest size it may have.)"""
+    candidates = [job for job in running.values()
+                  if job.elastic is not None and not job.stopping and job.shrinking_to is None
+                  and (job.resized_at is None or now - job.resized_at >= cooldown_s)]
+    sizes = elastic.fair_growth(books, candidates)
+    return plan.resize + [Resize(key, nodes, "IdleCapacity") for key, nodes in sizes.items()]
 
 
-def _heads(unserved: Iterable[tuple[int, Pending]], *, before: int | None = None) -> list[Pending]:
-    """The first job of each tenant's queue among those waiting with nothing reserved (placed before `before`):
-    what elastic jobs must leave room for. A tenant's later jobs start after its head, so its head speaks for
-    them, and every head has been read when a sweep stops reading early."""
+def _heads(unserved: Iterable[tuple[int, Pending]], *, before: int) -> list[Pending]:
+    """The first job of each tenant's queue among those waiting with nothing reserved, placed before `before`:
+    what an elastic job admitted at `before` leaves room for (a tenant's later jobs start after its head)."""
     heads: dict[Hashable, tuple[int, Pending]] = {}
     for place, job in unserved:
-        if (before is None or place < before) and (job.tenant not in heads or place < heads[job.tenant][0]):
+        if place < before and (job.tenant not in heads or place < heads[job.tenant][0]):
             heads[job.tenant] = (place, job)
     return [job for _, job in heads.values()]
 
@@ -274,17 +267,23 @@ def _fits_once_freed(books: Books, freeing: dict[Hashable, Demand], pending: Pen
 def _victims(books: Books, running: dict[Hashable, Running], freeing: dict[Hashable, Demand], pending: Pending,
              *, may_borrow: bool) -> list[tuple[Running, str, int]] | None:
     """The least taken from running jobs that lets `pending` start (with what is already being freed), as
-    (victim, reason, its size after: 0 when preempted entirely), or None. Elastic victims above their minimum
-    shrink first, a node at a time; only then are jobs preempted whole; then every node and job not needed after
-    all is given back."""
+    (victim, reason, its size after: 0 when preempted entirely), or None. First the nodes elastic jobs of no
+    higher priority grew by (the queue's loan, `QueueFirst`), then elastic victims above their minimum shrink, a
+    node at a time; only then are jobs preempted whole; then every node and job not needed after all is given
+    back."""
     share = books.shares[pending.tenant]
     needs = least_demand(pending)
     # Does it have a right to reclaim: would it fit within its tenant's nominal quota with its own usage?
     reclaims = shortfall(share.nominal, used=books.by_tenant[pending.tenant], demand=needs) is None
     candidates: list[tuple[Running, str]] = []
+    loans: list[Running] = []
     for job in running.values():
         if job.stopping or job.shrinking_to is not None:
             continue
+        shares_limits = job.tenant == pending.tenant or (
+            share.cohort is not None and books.shares[job.tenant].cohort == share.cohort)
+        if shares_limits and _base(job) < _size(job) and job.priority <= pending.priority:
+            loans.append(job)
         if job.tenant == pending.tenant:
             if job.priority < pending.priority and not job.protected:
                 candidates.append((job, "HigherPriority"))
@@ -293,9 +292,10 @@ def _victims(books: Books, running: dict[Hashable, Running], freeing: dict[Hasha
                 candidates.append((job, "ReclaimedByLender"))
             elif may_borrow and job.priority < pending.priority and not job.protected:
                 candidates.append((job, "HigherPriority"))
-    if not candidates:
+    if not candidates and not loans:
         return None
     candidates.sort(key=lambda c: (c[0].priority, c[0].work_at_risk, -_order(c[0])))
+    loans.sort(key=lambda job: (job.priority, job.work_at_risk, -_order(job)))
 
     def fits() -> bool:
         return books.why_not(pending.tenant, needs, may_borrow=may_borrow) is None
@@ -307,29 +307,32 @@ def _victims(books: Books, running: dict[Hashable, Running], freeing: dict[Hasha
         books.add(job.tenant, _held_at(job, nodes), -1)
         books.add(job.tenant, _held_at(job, to))
 
+    def take(job: Running, reason: str) -> None:  # the latest taken from goes last (given back first)
+        taken.pop(job.key, None)
+        taken[job.key] = (job, reason)
+
     for tenant, demand in freeing.items():
         books.add(tenant, demand, -1)
-    size = {job.key: _size(job) for job, _ in candidates}
-    taken: list[tuple[Running, str]] = []  # in the order taken from
+    size = {job.key: _size(job) for job in [*loans, *(job for job, _ in candidates)]}
+    taken: dict[Hashable, tuple[Running, str]] = {}
     try:
-        for job, reason in candidates:  # shrinks first
-            while job.elastic is not None and size[job.key] > job.elastic.min_nodes and not fits() and may_take(job):
+        shrinks = [*((job, "QueueFirst", _base(job)) for job in loans),
+                   *((job, reason, job.elastic.min_nodes) for job, reason in candidates if job.elastic is not None)]
+        for job, reason, floor in shrinks:  # loans first, then shrinks to the minimum
+            while size[job.key] > floor and not fits() and may_take(job):
                 resize(job, size[job.key], size[job.key] - 1)
                 size[job.key] -= 1
-                if (job, reason) not in taken:
-                    taken.append((job, reason))
+                take(job, reason)
         for job, reason in candidates:  # then whole jobs
             if fits():
                 break
             if may_take(job):
                 resize(job, size[job.key], 0)
                 size[job.key] = 0
-                if (job, reason) in taken:
-                    taken.remove((job, reason))
-                taken.append((job, reason))
+                take(job, reason)
         if not fits():
             return None  # even all of them would not make room: take from nobody
-        for job, _ in reversed(taken):  # give back every node and job not needed after all
+        for job, _ in reversed(list(taken.values())):  # give back every node and job not needed after all
             while size[job.key] < _size(job):
                 bigger = _grown_size(job, size[job.key])
                 resize(job, size[job.key], bigger)
@@ -337,12 +340,20 @@ def _victims(books: Books, running: dict[Hashable, Running], freeing: dict[Hasha
                     resize(job, bigger, size[job.key])
                     break
                 size[job.key] = bigger
-        return [(job, reason, size[job.key]) for job, reason in taken if size[job.key] != _size(job)]
+        return [(job, reason, size[job.key]) for job, reason in taken.values() if size[job.key] != _size(job)]
     finally:
-        for job, _ in candidates:
-            resize(job, size[job.key], _size(job))
+        for key, nodes in size.items():
+            job = running[key]
+            resize(job, nodes, _size(job))
         for tenant, demand in freeing.items():
             books.add(tenant, demand)
+
+
+def _base(job: Running) -> int:
+    """The size below which a job's nodes are its own, not lent by the queue."""
+    if job.elastic is None:
+        return 1
+    return job.elastic.nodes if job.base_nodes is None else job.base_nodes
 
 
 def _size(job: Running) -> int:
