@@ -62,6 +62,21 @@ def test_an_elastic_job_starts_at_the_largest_size_that_fits():
     assert plan.admit == [Admit(2, borrowed=False, nodes=6)]
 
 
+def test_an_elastic_job_borrows_its_cohorts_idle_quota_to_start_larger_once_borrowers_ahead_had_their_turn():
+    shares = {"a": share(4), "b": share(12)}
+    plan = decide(shares=shares, capacity=CLUSTER, running=[],
+                  queue=[rigid_pending(1, "b", 4, priority=HIGH), elastic_pending(2, "a", 2, 16),
+                         rigid_pending(3, "b", 12)])
+    # within its quota it would start at 4; b's second job waits (it needs 12, 8 are free once a is admitted), and
+    # is behind a: a borrows the rest
+    assert plan.admit == [Admit(1, borrowed=False), Admit(2, borrowed=True, nodes=12)]
+    ahead = decide(shares=shares, capacity=CLUSTER, running=[],
+                   queue=[rigid_pending(1, "b", 4, priority=HIGH), rigid_pending(3, "b", 10, priority=HIGH),
+                          elastic_pending(2, "a", 2, 16)])
+    # b's second job is ahead of a and needs 10 (borrowing 2): a starts at its minimum, leaving b's job the room
+    assert ahead.admit == [Admit(1, borrowed=False), Admit(2, borrowed=False, nodes=2), Admit(3, borrowed=True)]
+
+
 def test_an_elastic_job_waits_when_not_even_its_minimum_fits():
     plan = decide(shares={"a": share(16, cohort=None)}, capacity=CLUSTER, running=[rigid_running(1, "a", 15)],
                   queue=[elastic_pending(2, "a", 2, 8)])

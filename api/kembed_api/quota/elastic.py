@@ -52,12 +52,12 @@ def _leaves_owed(books: Books, tenant: Hashable, more: Demand, owed: Sequence[Pe
     return all(books.leaves_room(tenant, more, for_tenant=w.tenant, needs=least_demand(w)) for w in owed)
 
 
-def largest_size(books: Books, job: Pending, *, may_borrow: bool, owed: Sequence[Pending]) -> int:
-    """The size a queued elastic job starts at, its minimum already fitting (and not yet in `books`): one node
+def largest_size(books: Books, job: Pending, *, start: int, may_borrow: bool, owed: Sequence[Pending]) -> int:
+    """The size a queued elastic job starts at, from `start` (which fits; the job is not in `books`): one node
     more at a time while the node fits as a job would (`may_borrow` as the sweep's) and takes nothing the waiting
     jobs of higher or equal standing (`owed`) need to start."""
     assert job.elastic is not None
-    nodes, held = job.elastic.min_nodes, least_demand(job)
+    nodes, held = start, demand_at(job, start)
     while nodes < job.elastic.max_nodes:
         step = grows_by(job, nodes)
         if (books.why_not(job.tenant, held + step, may_borrow=may_borrow) is not None

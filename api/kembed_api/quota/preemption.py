@@ -145,8 +145,9 @@ def decide(
     never overtaken. Jobs that fit within their tenant's nominal quota go first (a sweep that may reclaim lent
     quota), then the rest may borrow (a second sweep); then running elastic jobs grow into what is left. `queue`
     is read lazily, and a sweep stops reading once every tenant of `waiting_tenants` (those with jobs queued) has
-    its head blocked: a long queue that cannot move costs a pass its first few pages, not the whole queue. `now` (seconds, on the clock
-    of `Running.resized_at`) and `resize_cooldown_s` say which running elastic jobs may grow."""
+    its head blocked: a long queue that cannot move costs a pass its first few pages, not the whole queue.
+    An elastic job sized in the first sweep may borrow more nodes once the second is done. `now` (seconds, on
+    the clock of `Running.resized_at`) and `resize_cooldown_s` say which running elastic jobs may grow."""
     books = Books(shares, capacity, ((job.tenant, job.demand) for job in running))
     plan = Plan()
     queue = _Lazy(queue)
@@ -161,6 +162,7 @@ def decide(
     unserved: dict[Hashable, tuple[int, Pending]] = {}  # waiting with nothing reserved: (place in the queue, job)
     decided: set[Hashable] = set()
     held: set[Hashable] = set()  # tenants whose head waits for its victims: nothing of theirs overtakes it
+    within_nominal: list[tuple[int, int, Pending]] = []  # elastic jobs the first sweep sized: (admit, place, job)
     for may_borrow in (False, True):
         blocked = set(held)
         for place, pending in enumerate(queue):
@@ -172,8 +174,11 @@ def decide(
                 nodes = None
                 if pending.elastic is not None:
                     owed = [w for w in _heads(unserved.values(), before=place) if w.priority >= pending.priority]
-                    nodes = elastic.largest_size(books, pending, may_borrow=may_borrow, owed=owed)
+                    nodes = elastic.largest_size(books, pending, start=pending.elastic.min_nodes,
+                                                 may_borrow=may_borrow, owed=owed)
                     needs = demand_at(pending, nodes)
+                    if not may_borrow:
+                        within_nominal.append((len(plan.admit), place, pending))
                 borrowed = books.would_borrow(pending.tenant, needs)
                 books.add(pending.tenant, needs)
                 plan.admit.append(Admit(pending.key, borrowed, nodes))
@@ -207,6 +212,13 @@ def decide(
                 unserved[pending.key] = (place, pending)
             if waiting_tenants is not None and waiting_tenants <= blocked:
                 break  # every tenant with jobs queued waits: reading further admits nothing
+    for index, place, pending in within_nominal:  # now that borrowers had their turn, they may borrow too
+        owed = [w for w in _heads(unserved.values(), before=place) if w.priority >= pending.priority]
+        nodes = plan.admit[index].nodes
+        books.add(pending.tenant, demand_at(pending, nodes), -1)
+        nodes = elastic.largest_size(books, pending, start=nodes, may_borrow=True, owed=owed)
+        plan.admit[index] = Admit(pending.key, books.would_borrow(pending.tenant, demand_at(pending, nodes)), nodes)
+        books.add(pending.tenant, demand_at(pending, nodes))
     plan.resize = _grow(books, plan, victims_of, now=now, cooldown_s=resize_cooldown_s)
     plan.wait = [Wait(key, reason) for key, reason in waiting.items()]
     return plan
