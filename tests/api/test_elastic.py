@@ -143,6 +143,12 @@ def test_a_job_grows_again_only_after_the_cool_down():
     assert sizes(later) == {1: (8, "IdleCapacity")}
 
 
+def test_nothing_grows_where_preemption_is_off_since_nothing_lent_could_be_taken_back():
+    plan = decide(shares={"a": share(16, cohort=None)}, capacity=CLUSTER,
+                  running=[elastic_running(1, "a", 4, 2, 12)], queue=[], preemption=False)
+    assert plan.resize == []
+
+
 def test_growth_is_fair_between_tenants_the_one_furthest_below_its_share_first():
     """a holds 8 of its 8, b 2 of its 8: of 6 idle GPUs b gets 6 first, up to its own share, then they alternate."""
     shares = {"a": share(8), "b": share(8)}

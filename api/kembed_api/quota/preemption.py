@@ -75,7 +75,8 @@ class Running:
     protected: bool = False  # preempted too often lately: never a victim
     elastic: Elastic | None = None  # its size range; None: a rigid gang
     shrinking_to: int | None = None  # asked to save and restart at this many nodes: the rest is on its way back
-    resized_at: float | None = None  # when it last started at its size now (admitted or resized), on `now`'s clock
+    # When it last started at its size now (admitted or resized), on `now`'s clock; None: it may grow at once.
+    resized_at: float | None = None
     # The size it was admitted at, or shrunk to since: the nodes it grew by beyond it are lent by the queue and go
     # back to any waiting job that needs them (None: its size now, nothing lent).
     base_nodes: int | None = None
@@ -147,7 +148,8 @@ def decide(
     is read lazily, and a sweep stops reading once every tenant of `waiting_tenants` (those with jobs queued) has
     its head blocked: a long queue that cannot move costs a pass its first few pages, not the whole queue.
     An elastic job sized in the first sweep may borrow more nodes once the second is done. `now` (seconds, on
-    the clock of `Running.resized_at`) and `resize_cooldown_s` say which running elastic jobs may grow."""
+    the clock of `Running.resized_at`) and `resize_cooldown_s` say which running elastic jobs may grow; without
+    `preemption` nothing grows (nothing lent could be taken back)."""
     books = Books(shares, capacity, ((job.tenant, job.demand) for job in running))
     plan = Plan()
     queue = _Lazy(queue)
@@ -173,9 +175,8 @@ def decide(
             if why is None:
                 nodes = None
                 if pending.elastic is not None:
-                    owed = [w for w in _heads(unserved.values(), before=place) if w.priority >= pending.priority]
-                    nodes = elastic.largest_size(books, pending, start=pending.elastic.min_nodes,
-                                                 may_borrow=may_borrow, owed=owed)
+                    nodes = _starting_size(books, pending, place, unserved, start=pending.elastic.min_nodes,
+                                           may_borrow=may_borrow)
                     needs = demand_at(pending, nodes)
                     if not may_borrow:
                         within_nominal.append((len(plan.admit), place, pending))
@@ -213,27 +214,32 @@ def decide(
             if waiting_tenants is not None and waiting_tenants <= blocked:
                 break  # every tenant with jobs queued waits: reading further admits nothing
     for index, place, pending in within_nominal:  # now that borrowers had their turn, they may borrow too
-        owed = [w for w in _heads(unserved.values(), before=place) if w.priority >= pending.priority]
-        nodes = plan.admit[index].nodes
-        books.add(pending.tenant, demand_at(pending, nodes), -1)
-        nodes = elastic.largest_size(books, pending, start=nodes, may_borrow=True, owed=owed)
+        books.add(pending.tenant, demand_at(pending, plan.admit[index].nodes), -1)
+        nodes = _starting_size(books, pending, place, unserved, start=plan.admit[index].nodes, may_borrow=True)
         plan.admit[index] = Admit(pending.key, books.would_borrow(pending.tenant, demand_at(pending, nodes)), nodes)
         books.add(pending.tenant, demand_at(pending, nodes))
-    plan.resize = _grow(books, plan, victims_of, now=now, cooldown_s=resize_cooldown_s)
+    if preemption:  # what a job grows by is lent: it goes back by the same means as preemption
+        plan.resize += _grown(books, victims_of, now=now, cooldown_s=resize_cooldown_s)
     plan.wait = [Wait(key, reason) for key, reason in waiting.items()]
     return plan
 
 
-def _grow(books: Books, plan: Plan, running: dict[Hashable, Running], *, now: float,
-          cooldown_s: float) -> list[Resize]:
+def _starting_size(books: Books, pending: Pending, place: int, unserved: dict[Hashable, tuple[int, Pending]], *,
+                   start: int, may_borrow: bool) -> int:
+    """The size an elastic job at `place` in the queue starts at (from `start`, which fits): what the heads of the
+    queues ahead of it, of no lower priority, need to start is left to them."""
+    owed = [w for w in _heads(unserved.values(), before=place) if w.priority >= pending.priority]
+    return elastic.largest_size(books, pending, start=start, may_borrow=may_borrow, owed=owed)
+
+
+def _grown(books: Books, running: dict[Hashable, Running], *, now: float, cooldown_s: float) -> list[Resize]:
     """What the pass left goes to running elastic jobs below their maximum whose last start or resize is at least
     `cooldown_s` old; `elastic.fair_growth` says who first. (A job admitted in this pass already starts at the
     largest size it may have.)"""
     candidates = [job for job in running.values()
                   if job.elastic is not None and not job.stopping and job.shrinking_to is None
                   and (job.resized_at is None or now - job.resized_at >= cooldown_s)]
-    sizes = elastic.fair_growth(books, candidates)
-    return plan.resize + [Resize(key, nodes, "IdleCapacity") for key, nodes in sizes.items()]
+    return [Resize(key, nodes, "IdleCapacity") for key, nodes in elastic.fair_growth(books, candidates).items()]
 
 
 def _heads(unserved: Iterable[tuple[int, Pending]], *, before: int) -> list[Pending]:
