@@ -3,6 +3,8 @@ growth into what the queue leaves (kembed_api.quota.preemption's docstring says 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kembed_api.quota.admission import Demand, Quota
@@ -229,3 +231,52 @@ def test_a_job_giving_back_nodes_is_not_grown_and_what_it_frees_is_reserved():
                   queue=[rigid_pending(3, "a", 8, priority=HIGH)])
     assert plan.preempt == [] and plan.resize == [] and plan.admit == []
     assert plan.wait[0].reason.startswith("preempted jobs")
+
+
+@pytest.mark.parametrize("seed", [pytest.param(seed, id=f"seed-{seed}") for seed in range(40)])
+def test_whatever_happens_no_limit_is_passed_and_every_size_stays_within_its_range(seed):
+    """Random tenants, cohorts and jobs, rigid and elastic, arriving and ending over 30 passes, each plan carried
+    out at once: after every pass the capacity, each tenant's quota and borrowing limit and each cohort's pool
+    hold, and every elastic job is within its range."""
+    import random
+
+    rng = random.Random(seed)
+    shares = {t: share(rng.randint(2, 8), cohort=rng.choice(["x", None]), borrow=rng.choice([None, 2, 4]))
+              for t in "abc"}
+    capacity = Quota(gpus=rng.randint(8, 20))
+    queued: dict[int, Pending] = {}
+    active: dict[int, Running] = {}
+    for now, key in enumerate(range(1, 31)):
+        least = rng.randint(1, 4)
+        job = (elastic_pending(key, rng.choice("abc"), least, least + rng.randint(1, 6), priority=rng.choice([LOW, HIGH]))
+               if rng.random() < 0.6 else rigid_pending(key, rng.choice("abc"), rng.randint(1, 5),
+                                                        priority=rng.choice([LOW, HIGH])))
+        queued[key] = job
+        for ended in [k for k in active if rng.random() < 0.15]:
+            del active[ended]
+        plan = decide(shares=shares, capacity=capacity, running=list(active.values()),
+                      queue=sorted(queued.values(), key=lambda p: (-p.priority, p.key)), now=now * 1000.0)
+        for p in plan.preempt:
+            job = active.pop(p.victim)
+            queued[job.key] = Pending(job.key, job.tenant, job.demand, job.priority, job.elastic)
+        for r in plan.resize:
+            job = active[r.key]
+            assert job.elastic.min_nodes <= r.nodes <= job.elastic.max_nodes
+            active[r.key] = dataclasses.replace(job, demand=job.demand.resized(job.elastic.nodes, r.nodes),
+                                                elastic=dataclasses.replace(job.elastic, nodes=r.nodes),
+                                                resized_at=now * 1000.0, base_nodes=r.nodes)
+        for a in plan.admit:
+            job = queued.pop(a.key)
+            nodes = a.nodes if job.elastic else None
+            demand = job.demand if nodes is None else job.demand.resized(job.elastic.nodes, nodes)
+            if job.elastic:
+                assert job.elastic.min_nodes <= nodes <= job.elastic.max_nodes
+            active[a.key] = Running(a.key, job.tenant, demand, job.priority, resized_at=now * 1000.0,
+                                    elastic=job.elastic and dataclasses.replace(job.elastic, nodes=nodes))
+        held = {t: sum(j.demand.gpus for j in active.values() if j.tenant == t) for t in shares}
+        assert sum(held.values()) <= capacity.gpus
+        for t, s in shares.items():
+            ceiling = s.nominal.gpus + (s.borrowing_limit.gpus if s.borrowing_limit.gpus is not None else 99)
+            assert held[t] <= (ceiling if s.cohort else s.nominal.gpus)
+        pool = sum(s.nominal.gpus for s in shares.values() if s.cohort == "x")
+        assert sum(held[t] for t, s in shares.items() if s.cohort == "x") <= pool
