@@ -151,6 +151,14 @@ def test_nothing_grows_where_preemption_is_off_since_nothing_lent_could_be_taken
     assert plan.resize == []
 
 
+def test_nothing_grows_into_what_is_reserved_for_a_job_waiting_for_its_victims():
+    shares = {"a": share(16, cohort=None)}
+    running = [elastic_running(1, "a", 4, 2, 12), Running(2, "a", gpus(8), LOW, stopping=True)]
+    plan = decide(shares=shares, capacity=CLUSTER, running=running, queue=[rigid_pending(3, "a", 12, priority=HIGH)])
+    # 4 GPUs are idle now, but the high-priority job gets them with the 8 being freed: nobody grows into them
+    assert plan.resize == [] and plan.wait[0].reason.startswith("preempted jobs")
+
+
 def test_growth_is_fair_between_tenants_the_one_furthest_below_its_share_first():
     """a holds 8 of its 8, b 2 of its 8: of 6 idle GPUs b gets 6 first, up to its own share, then they alternate."""
     shares = {"a": share(8), "b": share(8)}
