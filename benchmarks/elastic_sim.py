@@ -102,6 +102,8 @@ class Result:
 
 
 class Simulation:
+    """One policy's week: events on a simulated clock, an admission pass after each, its plan carried out."""
+
     def __init__(self, jobs: list[Job], *, gpus: int, horizon: float, elastic: bool, efficiency: float,
                  resize_s: float, label: str) -> None:
         self.jobs = {j.seq: Job(j.seq, j.team, j.gpus, j.work_s, j.submitted, j.priority,
@@ -148,6 +150,17 @@ class Simulation:
     def rate(self, job: Job) -> float:
         """Work done per second at its size now, in seconds at its asked size."""
         return (job.nodes / job.gpus) ** self.efficiency
+
+    def progress(self, job: Job) -> float:
+        """Its work done by now (not yet settled)."""
+        if job.working_from is None:
+            return job.done_s
+        return min(job.work_s, job.done_s + max(0.0, self.now - max(job.settled_at, job.working_from)) * self.rate(job))
+
+    def at_risk(self, job: Job) -> float:
+        """GPU-seconds done since its latest checkpoint (a save on stop, or a periodic one every 30 min of work)."""
+        done = self.progress(job)
+        return job.nodes * (done - preemption_sim._checkpointed(job, done))
 
     def settle(self, job: Job) -> None:
         """Brings its work done up to now (and counts the GPU-seconds it trained, within the week)."""
@@ -197,7 +210,7 @@ class Simulation:
         now = self.now
         running = [
             Running(j.seq, j.team, Demand(gpus=j.nodes, running_jobs=1), j.priority,
-                    work_at_risk=j.nodes * (j.done_s - j.saved_s), stopping=j.stopping_until is not None,
+                    work_at_risk=self.at_risk(j), stopping=j.stopping_until is not None,
                     protected=sum(1 for t in j.preempted_at if now - t < preemption_sim.PROTECT_WINDOW_S)
                     >= preemption_sim.PROTECT_AFTER,
                     elastic=Elastic(j.nodes, j.least, j.most) if j.elastic else None,
