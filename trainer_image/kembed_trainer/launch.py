@@ -11,7 +11,8 @@ arguments, the same launch code (torch.distributed.run.run), but the process the
 - 0 when every worker succeeded.
 
 A node of one process in a gang of one node skips torchrun: the launcher starts that rank itself
-(kembed_trainer.lone_rank), under the same policy.
+(kembed_trainer.lone_rank), under the same policy. Either way the ranks find the platform's compiled kernels
+(kembed_trainer.kernel_cache.expose).
 """
 
 import time
@@ -24,13 +25,15 @@ import sys  # noqa: E402
 
 from kembed_contract.job_seconds import ENV_LAUNCHED_AT  # noqa: E402
 from kembed_contract.runtime import EXIT_BAD_CONFIG, EXIT_OUT_OF_MEMORY, exit_code  # noqa: E402
-from kembed_trainer import lone_rank  # noqa: E402
+from kembed_trainer import kernel_cache, lone_rank  # noqa: E402
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     # The workers inherit it: their process start counts from here (kembed_contract.job_seconds).
     os.environ[ENV_LAUNCHED_AT] = repr(_STARTED_AT)
+    if exposed := kernel_cache.expose(os.environ):
+        print(f"kembed launcher: {exposed}", file=sys.stderr, flush=True)
     alone = lone_rank.parse(argv)
     if alone is not None:
         return lone_rank.run(alone)
