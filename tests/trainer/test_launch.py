@@ -7,6 +7,8 @@ import json
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +90,26 @@ def test_sigterm_to_a_lone_ranks_launcher_reaches_the_rank_which_saves_before_th
     assert saved.read_text() == "yes"
     assert "stopped by SIGTERM" in launcher.stderr.read()
     assert lifecycle.is_retryable_exit_code(launcher.returncode)
+
+
+def test_a_lone_rank_does_not_outlive_a_launcher_killed_outright(tmp_path):
+    """SIGKILL leaves the launcher no chance to pass anything on; the rank, in a session of its own, must end too."""
+    worker = tmp_path / "worker.py"
+    worker.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
+    launcher = subprocess.Popen(_launch("--nnodes=1", "--nproc-per-node=1", str(worker)), stdout=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    rank = int(launcher.stdout.readline())
+    launcher.kill()
+    launcher.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while _alive(rank):
+        assert time.monotonic() < deadline, "the rank outlived its launcher"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended; only its parent's wait is missing

@@ -14,6 +14,8 @@ elastic range, restarts, an option it does not know) goes to torchrun as before.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -29,6 +31,7 @@ __all__ = ["LoneRank", "parse", "rank_environ", "run"]
 # The signals a launcher passes on to its ranks, as torchrun's agent does.
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _DEFAULT_MASTER_ADDR = "127.0.0.1"
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,14 @@ def rank_environ(rank: LoneRank, environ: dict[str, str]) -> dict[str, str]:
             "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": rank.master_addr, "MASTER_PORT": str(port)}
 
 
+def _die_with_the_launcher() -> None:
+    """In the rank, before it runs: SIGKILL it should the launcher die first (a launcher killed without a chance to
+    pass a signal on must not leave its rank training on, in a session where its node's signals do not reach)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def run(rank: LoneRank) -> int:
     """Start the rank, pass signals on to it, and return the launcher's exit code: the rank's own (128 + N when
     signal N ended it), or 128 + N when the launcher itself got signal N (the rank was asked to stop: it saves a
@@ -111,7 +122,8 @@ def run(rank: LoneRank) -> int:
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     try:
         child = subprocess.Popen([sys.executable, *rank.command], env=rank_environ(rank, dict(os.environ)),
-                                 start_new_session=True)
+                                 start_new_session=True,
+                                 preexec_fn=_die_with_the_launcher if sys.platform.startswith("linux") else None)
         for signum in received:  # arrived while it was being started
             child.send_signal(signum)
         code = exit_code(child.wait())
