@@ -12,8 +12,9 @@ and write would let one tenant's job leave code that another tenant's job loads.
   it did not build (another CPU, other argument types) is compiled and saved into the job's folder, replacing the
   link rather than writing through it, so the platform's files stay as they are.
 
-KERNEL_MODULES names every module with cached kernels, once; each has a `warm()` that compiles its kernels for the
-argument types training passes them. Stdlib only at import: the launcher runs `expose` before torch or numba.
+The modules with cached kernels are the kinds' own (`kernel_modules` of a model kind's trainer half, gathered by
+kembed_trainer.kinds.kernel_modules); each has a `warm()` that compiles its kernels for the argument types
+training passes them. Stdlib only at import: the launcher runs `expose` before torch or numba.
 """
 
 from __future__ import annotations
@@ -26,32 +27,25 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 
 from kembed_contract.runtime import ENV_KERNEL_CACHE
 
-__all__ = ["KERNEL_MODULES", "build", "cache_key", "ensure", "expose", "link", "stats"]
+__all__ = ["build", "cache_key", "ensure", "expose", "link", "stats"]
 
-# Every module whose kernels are compiled with cache=True, each with a warm() (module docstring).
-KERNEL_MODULES = ("kembed_trainer.models.word2vec.sgns_kernel",)
 _NUMBA_CACHE_DIR = "NUMBA_CACHE_DIR"  # numba's own name for where its cache is
 _PACKAGE = Path(__file__).resolve().parent
 
 
-def _source(module: str) -> Path:
-    """A kernel module's file, found without importing it (its package imports torch)."""
-    return _PACKAGE.joinpath(*module.split(".")[1:]).with_suffix(".py")
-
-
 def cache_key() -> str:
     """The folder name of this installation's cache: what numba's own keys depend on apart from the CPU (the
-    interpreter, numba's version, the kernels' source and where it lives), so an upgrade or an edit builds anew."""
+    interpreter, numba's version, the kernels' source and where it lives), so an upgrade or an edit builds anew.
+    The source is the trainer package's whole (read, not imported: finding the kinds' kernels imports torch)."""
     digest = hashlib.sha256()
-    digest.update(f"{sys.version}\0{importlib.metadata.version('numba')}\0".encode())
-    for module in KERNEL_MODULES:
-        path = _source(module)
-        digest.update(f"{path}\0".encode() + path.read_bytes())
+    digest.update(f"{sys.version}\0{importlib.metadata.version('numba')}\0{_PACKAGE}\0".encode())
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        digest.update(f"{path.relative_to(_PACKAGE)}\0".encode() + path.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -61,7 +55,9 @@ def build(folder: Path) -> None:
     if "numba" in sys.modules:
         raise RuntimeError("build needs a process that has not imported numba yet")
     os.environ[_NUMBA_CACHE_DIR] = str(folder)
-    for module in KERNEL_MODULES:
+    from kembed_trainer import kinds
+
+    for module in kinds.kernel_modules():
         importlib.import_module(module).warm()
     for path in sorted(folder.rglob("*"), reverse=True):  # files before the folders that hold them
         path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH | (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
@@ -124,11 +120,11 @@ def expose(environ: MutableMapping[str, str]) -> str:
     return f"{count} compiled kernel files from {platform}"
 
 
-def stats() -> dict[str, int]:
-    """How many of the imported kernel modules' kernels this process loaded from a cache and how many it compiled
+def stats(modules: Iterable[str]) -> dict[str, int]:
+    """How many kernels of `modules` (those imported) this process loaded from a cache and how many it compiled
     (numba's own counts, by signature)."""
     loaded = compiled = 0
-    for module in KERNEL_MODULES:
+    for module in modules:
         for value in vars(sys.modules[module]).values() if module in sys.modules else ():
             counts = getattr(value, "stats", None)
             if hasattr(counts, "cache_hits") and hasattr(counts, "cache_misses"):

@@ -100,12 +100,12 @@ class Settings(MintingSettings, BaseSettings):
         True,
         description="Compile the trainer's numba kernels once per installation (at the local backend's start, into "
         "kernel_cache_dir) and let every local job load them, read-only, instead of compiling them in each job "
-        "(seconds per word2vec job). Off: each job compiles its own, in its own folder.",
+        "(seconds per job of a model kind with compiled kernels). Off: each job compiles its own, in its own folder.",
     )
     kernel_cache_dir: Path = Field(
         Path("~/.cache/kembed/kernels"),
         description="Where the local backend keeps the trainer's compiled kernels (trainer_kernel_cache), one folder "
-        "per installation (a key of the interpreter, numba and the kernels' source). Outside data_dir: the trainers "
+        "per installation (a key of the interpreter, numba and the trainer's source). Outside data_dir: the trainers "
         "may read it; only this server writes it.",
     )
     trainer_log_bytes_per_node: int = Field(
