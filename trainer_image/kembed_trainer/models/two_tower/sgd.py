@@ -7,7 +7,7 @@ pass: each rating is two dot products' worth of work on rows that stay in cache.
 few hundred ratings take tens of microseconds, about what handing half of them to another thread would cost.
 
 With several ranks each trains its own shard of the data on its replica of the tables, then the ranks add up
-what their step changed (as word2vec's `sgd`), so every replica holds every rank's
+what their step changed (as the skip-gram kind's step does), so every replica holds every rank's
 updates, as if the ranks were hogwild threads of one process that see each other's writes one step late. Only
 the rows some rank's step touched travel (their changes all-gathered, as the batch path's gradients). Every
 rating thus moves the rows by its own full step, as with one rank; the batch path instead averages the ranks'

@@ -25,6 +25,7 @@ __all__ = ["KIND", "Word2VecTraining"]
 
 class Word2VecTraining(ModelTraining):
     writers = {"word2vec-text": formats.write_text, "word2vec-binary": formats.write_binary}
+    kernel_modules = ("kembed_trainer.models.word2vec.sgns_kernel",)
 
     def dense_model(self, cfg: config.TrainerConfig) -> nn.Module:
         return SkipGram(features=cfg.embeddings.features)

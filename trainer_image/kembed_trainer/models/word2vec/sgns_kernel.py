@@ -20,7 +20,7 @@ import math
 import numba
 import numpy as np
 
-__all__ = ["CUM_TABLE_DOMAIN", "train_sentences"]
+__all__ = ["CUM_TABLE_DOMAIN", "train_sentences", "warm"]
 
 CUM_TABLE_DOMAIN = 2**31 - 1  # noise draws: a uniform int below the table's last entry, as gensim's cum_table
 _LCG_MUL, _LCG_ADD, _LCG_MASK = 25214903917, 11, (1 << 48) - 1
@@ -125,3 +125,11 @@ def _bisect(cum_table: np.ndarray, value: np.int64) -> np.int64:
         else:
             hi = mid
     return lo
+
+
+def warm() -> None:
+    """Compile `train_sentences` for the argument types `sgd.SkipGramSGD` passes it, on no sentences
+    (kembed_trainer.kernel_cache builds the platform's cache with this)."""
+    table = np.zeros((1, 1), dtype=np.float32)
+    train_sentences(np.zeros(0, np.int64), np.zeros(1, np.int64), 0, 0, table, table.copy(),
+                    np.zeros(1, np.uint32), np.ones(1, np.int64), 5, 5, 0.025, 0.025, 1.0, 1.0, 0)
