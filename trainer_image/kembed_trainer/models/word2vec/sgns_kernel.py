@@ -2,11 +2,14 @@
 
 This is word2vec.c's and gensim's inner loop: each kept word of a sentence is a center whose input vector is
 trained against every context word within a random window of 1..window words (rows of the output table) and
-`negatives` noise words drawn from the unigram^0.75 distribution. Rows are updated in place as soon as their
+`negatives` noise words drawn from the unigram^0.75 distribution (by Walker's alias method: two draws and two
+lookups in tables of the vocabulary's size, where a bisection of the cumulative weights, as gensim's, takes a
+dozen dependent and mispredicted branches per noise word). Rows are updated in place as soon as their
 gradient is known, with no locks: threads running this at once on other sentences of the same tables race
 on frequent rows and lose an update now and then, which SGD shrugs off (hogwild; Recht et al. 2011). Without
 the interpreter in the loop, a (center, target) sample costs a dot product and two axpys of `dim` floats,
-which LLVM vectorises.
+which LLVM vectorises. The sigmoid is word2vec.c's table over (-MAX_EXP, MAX_EXP); a sample whose dot product lies
+outside is skipped, its gradient all but zero (as gensim does).
 
 The function is compiled at first use (about a second, cached on disk after) and releases the GIL, so Python
 threads run it in parallel. Random numbers come from word2vec.c's 48-bit linear congruential generator,
@@ -20,10 +23,14 @@ import math
 import numba
 import numpy as np
 
-__all__ = ["CUM_TABLE_DOMAIN", "train_sentences"]
+__all__ = ["noise_tables", "train_sentences"]
 
-CUM_TABLE_DOMAIN = 2**31 - 1  # noise draws: a uniform int below the table's last entry, as gensim's cum_table
 _LCG_MUL, _LCG_ADD, _LCG_MASK = 25214903917, 11, (1 << 48) - 1
+# word2vec.c's sigmoid table: MAX_EXP 6, 1000 entries.
+_MAX_EXP, _SIGMOID_SIZE = 6.0, 1000
+_SIGMOID = (1.0 / (1.0 + np.exp(-(np.arange(_SIGMOID_SIZE) / _SIGMOID_SIZE * 2 - 1) * _MAX_EXP))).astype(np.float32)
+_SIGMOID_SCALE = _SIGMOID_SIZE / (2 * _MAX_EXP)
+_UINT32_TOP = 2.0**32 - 1
 
 
 @numba.njit(nogil=True, fastmath=True, cache=True, boundscheck=False)
@@ -35,7 +42,8 @@ def train_sentences(
     center: np.ndarray,  # float32 [vocab, dim]: input vectors, updated in place
     context: np.ndarray,  # float32 [vocab, dim]: output vectors, updated in place
     keep: np.ndarray,  # uint32 [vocab]: a word is kept when keep[w] >= a uniform uint32 draw (subsampling)
-    cum_table: np.ndarray,  # int64 [vocab]: cumulative unigram^0.75 weights ending in CUM_TABLE_DOMAIN
+    noise_accept: np.ndarray,  # uint32 [vocab]: the alias method's tables of the unigram^0.75 distribution
+    noise_alias: np.ndarray,  # int64 [vocab]   (noise_tables)
     window: int,
     negatives: int,
     lr_first: float,  # learning rate at the first token of `first`, falling linearly to
@@ -46,7 +54,7 @@ def train_sentences(
 ) -> tuple[float, int, int]:
     """Returns (summed loss -log sigmoid(+-dot) over all samples, number of samples, number of kept words)."""
     dim = center.shape[1]
-    num_noise_words = cum_table.shape[0]
+    num_noise_words = noise_accept.shape[0]
     rand = np.uint64(seed) & np.uint64(_LCG_MASK)
     grad_center = np.empty(dim, dtype=np.float32)
     longest = 0
@@ -87,19 +95,25 @@ def train_sentences(
                         target = kept[j]
                         label = np.float32(1.0)
                     else:
+                        # A uniform slot, then the slot's own word or its alias.
                         rand = (rand * np.uint64(_LCG_MUL) + np.uint64(_LCG_ADD)) & np.uint64(_LCG_MASK)
-                        target = _bisect(
-                            cum_table, np.int64((rand >> np.uint64(16)) % np.uint64(CUM_TABLE_DOMAIN))
-                        )
-                        if target >= num_noise_words:
-                            target = num_noise_words - 1
+                        draw = (rand >> np.uint64(16)) & np.uint64(0xFFFFFFFF)
+                        slot = np.int64((draw * np.uint64(num_noise_words)) >> np.uint64(32))
+                        rand = (rand * np.uint64(_LCG_MUL) + np.uint64(_LCG_ADD)) & np.uint64(_LCG_MASK)
+                        draw = (rand >> np.uint64(16)) & np.uint64(0xFFFFFFFF)
+                        target = slot if draw < noise_accept[slot] else noise_alias[slot]
                         if target == kept[j]:
                             continue
                         label = np.float32(0.0)
                     dot = np.float32(0.0)
                     for d in range(dim):
                         dot += center[c, d] * context[target, d]
-                    sig = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-dot)))
+                    num_samples += 1
+                    if dot <= -_MAX_EXP or dot >= _MAX_EXP:  # saturated: no update, only the loss
+                        sig = 1.0 / (1.0 + math.exp(-dot))
+                        prob *= sig if k == 0 else 1.0 - sig
+                        continue
+                    sig = _SIGMOID[int((dot + np.float32(_MAX_EXP)) * np.float32(_SIGMOID_SCALE))]
                     prob *= sig if k == 0 else 1.0 - sig
                     g = label - sig
                     g_out = g * lr_out
@@ -107,21 +121,47 @@ def train_sentences(
                     for d in range(dim):
                         grad_center[d] += g_in * context[target, d]
                         context[target, d] += g_out * center[c, d]
-                    num_samples += 1
                 loss -= math.log(max(prob, 1e-300))
                 for d in range(dim):
                     center[c, d] += grad_center[d]
     return loss, num_samples, num_kept
 
 
-@numba.njit(nogil=True, inline="always")
-def _bisect(cum_table: np.ndarray, value: np.int64) -> np.int64:
-    """The first index whose cumulative weight exceeds `value`."""
-    lo, hi = 0, cum_table.shape[0]
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if cum_table[mid] <= value:
-            lo = mid + 1
+def noise_tables(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Walker's alias tables of the distribution proportional to `weights` (float64 [vocab]): slot i keeps word i
+    with probability accept[i] / 2**32, else gives alias[i]; every slot is drawn with probability 1/vocab."""
+    share = weights / weights.sum() * len(weights)  # 1.0 is a slot's worth
+    accept, alias = _alias(share)
+    return np.minimum(accept * 2.0**32, _UINT32_TOP).astype(np.uint32), alias
+
+
+@numba.njit(cache=True)
+def _alias(share: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Vose's construction: each slot below its worth is topped up from one above it."""
+    n = share.shape[0]
+    share = share.copy()
+    accept = np.ones(n)
+    alias = np.arange(n)
+    small = np.empty(n, np.int64)
+    large = np.empty(n, np.int64)
+    num_small = num_large = 0
+    for i in range(n):
+        if share[i] < 1.0:
+            small[num_small] = i
+            num_small += 1
         else:
-            hi = mid
-    return lo
+            large[num_large] = i
+            num_large += 1
+    while num_small and num_large:
+        num_small -= 1
+        num_large -= 1
+        lo, hi = small[num_small], large[num_large]
+        accept[lo], alias[lo] = share[lo], hi
+        share[hi] -= 1.0 - share[lo]
+        if share[hi] < 1.0:
+            small[num_small] = hi
+            num_small += 1
+        else:
+            large[num_large] = hi
+            num_large += 1
+    return accept, alias  # slots left over are worth 1 up to rounding: they keep their own word
