@@ -8,8 +8,9 @@ dozen dependent and mispredicted branches per noise word). Rows are updated in p
 gradient is known, with no locks: threads running this at once on other sentences of the same tables race
 on frequent rows and lose an update now and then, which SGD shrugs off (hogwild; Recht et al. 2011). Without
 the interpreter in the loop, a (center, target) sample costs a dot product and two axpys of `dim` floats,
-which LLVM vectorises. The sigmoid is word2vec.c's table over (-MAX_EXP, MAX_EXP); a sample whose dot product lies
-outside is skipped, its gradient all but zero (as gensim does).
+which LLVM vectorises. The sigmoid is word2vec.c's table over (-MAX_EXP, MAX_EXP), and the loss is read from tables at
+the same points (no exp or log per sample); a sample whose dot product lies outside is not trained, its gradient
+all but zero (as gensim does), and only its loss is computed.
 
 The function is compiled at first use (about a second, cached on disk after) and releases the GIL, so Python
 threads run it in parallel. Random numbers come from word2vec.c's 48-bit linear congruential generator,
@@ -28,7 +29,11 @@ __all__ = ["noise_tables", "train_sentences"]
 _LCG_MUL, _LCG_ADD, _LCG_MASK = 25214903917, 11, (1 << 48) - 1
 # word2vec.c's sigmoid table: MAX_EXP 6, 1000 entries.
 _MAX_EXP, _SIGMOID_SIZE = 6.0, 1000
-_SIGMOID = (1.0 / (1.0 + np.exp(-(np.arange(_SIGMOID_SIZE) / _SIGMOID_SIZE * 2 - 1) * _MAX_EXP))).astype(np.float32)
+_SIGMOID_AT = (np.arange(_SIGMOID_SIZE) / _SIGMOID_SIZE * 2 - 1) * _MAX_EXP
+_SIGMOID = (1.0 / (1.0 + np.exp(-_SIGMOID_AT))).astype(np.float32)
+# The loss of a true pair, -log sigmoid(x), and of a noise pair, -log(1 - sigmoid(x)), at the same points.
+_LOSS_TRUE = np.log1p(np.exp(-_SIGMOID_AT))
+_LOSS_NOISE = np.log1p(np.exp(_SIGMOID_AT))
 _SIGMOID_SCALE = _SIGMOID_SIZE / (2 * _MAX_EXP)
 _UINT32_TOP = 2.0**32 - 1
 
@@ -89,7 +94,6 @@ def train_sentences(
                     continue
                 c = kept[i]
                 grad_center[:] = 0.0
-                prob = 1.0  # product of this pair's sample likelihoods: one log per pair, not per sample
                 for k in range(negatives + 1):
                     if k == 0:
                         target = kept[j]
@@ -110,18 +114,16 @@ def train_sentences(
                         dot += center[c, d] * context[target, d]
                     num_samples += 1
                     if dot <= -_MAX_EXP or dot >= _MAX_EXP:  # saturated: no update, only the loss
-                        sig = 1.0 / (1.0 + math.exp(-dot))
-                        prob *= sig if k == 0 else 1.0 - sig
+                        loss += math.log1p(math.exp(-dot if k == 0 else dot))
                         continue
-                    sig = _SIGMOID[int((dot + np.float32(_MAX_EXP)) * np.float32(_SIGMOID_SCALE))]
-                    prob *= sig if k == 0 else 1.0 - sig
-                    g = label - sig
+                    at = int((dot + np.float32(_MAX_EXP)) * np.float32(_SIGMOID_SCALE))
+                    loss += _LOSS_TRUE[at] if k == 0 else _LOSS_NOISE[at]
+                    g = label - _SIGMOID[at]
                     g_out = g * lr_out
                     g_in = g * lr_in
                     for d in range(dim):
                         grad_center[d] += g_in * context[target, d]
                         context[target, d] += g_out * center[c, d]
-                loss -= math.log(max(prob, 1e-300))
                 for d in range(dim):
                     center[c, d] += grad_center[d]
     return loss, num_samples, num_kept
