@@ -137,33 +137,18 @@ def noise_tables(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.minimum(accept * 2.0**32, _UINT32_TOP).astype(np.uint32), alias
 
 
-@numba.njit(cache=True)
 def _alias(share: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Vose's construction: each slot below its worth is topped up from one above it."""
-    n = share.shape[0]
-    share = share.copy()
-    accept = np.ones(n)
-    alias = np.arange(n)
-    small = np.empty(n, np.int64)
-    large = np.empty(n, np.int64)
-    num_small = num_large = 0
-    for i in range(n):
-        if share[i] < 1.0:
-            small[num_small] = i
-            num_small += 1
-        else:
-            large[num_large] = i
-            num_large += 1
-    while num_small and num_large:
-        num_small -= 1
-        num_large -= 1
-        lo, hi = small[num_small], large[num_large]
-        accept[lo], alias[lo] = share[lo], hi
-        share[hi] -= 1.0 - share[lo]
-        if share[hi] < 1.0:
-            small[num_small] = hi
-            num_small += 1
-        else:
-            large[num_large] = hi
-            num_large += 1
+    """Vose's construction: each slot below its worth is topped up from one above it. In Python, once per job: a
+    compiled function would cost every job that does not find numba's cache a compilation longer than this loop
+    takes for all but the largest vocabularies (docs/benchmarks.md)."""
+    share_of = share.tolist()
+    accept = np.ones(len(share_of))
+    alias = np.arange(len(share_of))
+    small = [i for i, v in enumerate(share_of) if v < 1.0]
+    large = [i for i, v in enumerate(share_of) if v >= 1.0]
+    while small and large:
+        lo, hi = small.pop(), large.pop()
+        accept[lo], alias[lo] = share_of[lo], hi
+        share_of[hi] -= 1.0 - share_of[lo]
+        (small if share_of[hi] < 1.0 else large).append(hi)
     return accept, alias  # slots left over are worth 1 up to rounding: they keep their own word
