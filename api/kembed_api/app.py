@@ -57,7 +57,8 @@ def _make_backend(settings: Settings) -> Backend:
         return LocalBackend(data_dir=settings.data_dir, slots=settings.local_slots, sandbox=settings.trainer_sandbox,
                             stop_grace_s=settings.stop_grace_s, credentials=credentials,
                             server_s3_credentials=settings.trainer_server_s3_credentials,
-                            limits=settings.trainer_limits, log_bytes_per_node=settings.trainer_log_bytes_per_node)
+                            limits=settings.trainer_limits, log_bytes_per_node=settings.trainer_log_bytes_per_node,
+                            kernel_cache_root=settings.kernel_cache_dir if settings.trainer_kernel_cache else None)
     from kembed_api.backends.kubernetes import (
         KubernetesBackend,  # imports the kubernetes client only when used
     )

@@ -60,7 +60,8 @@ EmbeddingJob (namespaced, in ``kembed-<tenant>``; ``kubectl get embeddingjobs`` 
       conditions    Kubernetes conditions (type, status, reason, message, lastTransitionTime, observedGeneration):
                     PodsReady, Suspended, Finished, CleanedUp.
       startTime / completionTime, restartCount, attempt, attemptStartTime,
-      progress      {step, totalSteps, percent} and latestCheckpoint {step, uri}: read from rank 0's records.
+      progress      {step, totalSteps, percent}, latestCheckpoint {step, uri} and trainerSeconds {phase: seconds}:
+                    read from rank 0's records.
     Each change of phase is also a Kubernetes Event on the EmbeddingJob (reason = status.reason).
 
 How the API drives a job: create the report-token Secret, then ``embedding_job_manifest(...)``; cancel by merge-
@@ -298,6 +299,9 @@ class EmbeddingJobStatus(_Status):
     progress: Progress | None = None
     latest_checkpoint: CheckpointRef | None = Field(
         None, description="The latest complete checkpoint rank 0 reported (a step-N folder in the spec's checkpoint.uri).")
+    trainer_seconds: dict[str, float] | None = Field(
+        None, description="Rank 0's seconds by phase so far (process_start, imports, data, training, evaluation, "
+        "saving: kembed_contract.job_seconds), from its latest record that gave them.")
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> EmbeddingJobStatus:

@@ -5,7 +5,7 @@ import it without torch.
 - exit codes of `python -m kembed_trainer` (and of the launcher, kembed_trainer.launch, which passes the first
   failed rank's own code through instead of torchrun's blanket 1);
 - the environment a trainer reads (`KEMBED_REPORT_*`, `KEMBED_JOB_ID`, `KEMBED_TERMINATION_LOG`, `KEMBED_STORAGE_POLICY`,
-  `KEMBED_STORAGE_BUDGET_BYTES`, `KEMBED_LOCAL_DIR`, `KEMBED_MEMORY_BYTES_PER_RANK`);
+  `KEMBED_STORAGE_BUDGET_BYTES`, `KEMBED_LOCAL_DIR`, `KEMBED_MEMORY_BYTES_PER_RANK`, `KEMBED_KERNEL_CACHE`);
 - the termination log: where a failing trainer writes its one-line reason, so the job's message is that reason;
 - the names of the records rank 0 reports (JSON lines on stdout, POSTed to the API);
 - the checkpoint layout: `<uri>/step-N/`, counting only once its `COMPLETE` marker exists; a marker says whether
@@ -32,6 +32,7 @@ __all__ = [
     "CHECKPOINT_MARKER",
     "CheckpointMarker",
     "ENV_JOB_ID",
+    "ENV_KERNEL_CACHE",
     "ENV_LOCAL_DIR",
     "ENV_MEMORY_PER_RANK",
     "ENV_REPORT_TOKEN",
@@ -55,6 +56,7 @@ __all__ = [
     "MAX_TERMINATION_MESSAGE_BYTES",
     "OPTIMIZER_STATE_FLOATS",
     "TERMINATION_LOG_PATH",
+    "KERNEL_CACHE_MODULE",
     "LAUNCHER_MODULE",
     "exit_code",
     "job_checkpoint_folder",
@@ -119,6 +121,10 @@ ENV_LOCAL_DIR = "KEMBED_LOCAL_DIR"
 # by the launcher: a tier whose cache size the config does not give gets what this leaves after the rest of the
 # job's estimate (kembed_contract.sizing.with_cache_sizes). Unset: a trainer run by hand, which must give its sizes.
 ENV_MEMORY_PER_RANK = "KEMBED_MEMORY_BYTES_PER_RANK"
+# A folder of the trainer's numba kernels compiled by the platform (kembed_trainer.kernel_cache), which the job may
+# read and never write: the launcher links its files into the job's own NUMBA_CACHE_DIR. Set by the embedded backend
+# and by the trainer image; unset: every job compiles its kernels.
+ENV_KERNEL_CACHE = "KEMBED_KERNEL_CACHE"
 
 
 def memory_per_rank(environ: Mapping[str, str] | None = None) -> int | None:
@@ -305,6 +311,9 @@ OPTIMIZER_STATE_FLOATS = {
 # What every node runs, `python -m LAUNCHER_MODULE <torchrun arguments>` (kembed_trainer.launch's docstring): the
 # local backend's processes and the operator's pods alike.
 LAUNCHER_MODULE = "kembed_trainer.launch"
+# What builds the platform's kernel cache (ENV_KERNEL_CACHE): `python -m KERNEL_CACHE_MODULE ensure ROOT` prints the
+# folder under ROOT that holds this installation's kernels, compiling them first when it is not there.
+KERNEL_CACHE_MODULE = "kembed_trainer.kernel_cache"
 
 
 def node_command(

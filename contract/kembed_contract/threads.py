@@ -22,12 +22,10 @@ ENV_THREADS_PER_RANK = "KEMBED_THREADS_PER_RANK"
 # The libraries that size their own pools from the environment (OpenMP, which torch's CPU kernels run on; MKL;
 # OpenBLAS; numba's threading layer) read these at their import: they must be set before the process starts.
 THREAD_COUNT_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
-# How OpenMP's idle threads wait (torch's CPU kernels run on libgomp). By default they spin 300,000 times before
-# sleeping: with the cores busy (another job's threads, the machine's other work) a 2-thread job's steps then wait
-# for threads that burn the cores they need, and ran 3-20x slower; a spin of 10,000 still ran 3x slower than
-# sleeping at once (OMP_WAIT_POLICY=PASSIVE), which held its speed. Passive has a price on a quiet machine, where
-# every small op wakes its threads: +70 % for a small 2-thread click model (a spin of 10,000: +7 %). Fair under load is
-# what this policy is for; figures in docs/benchmarks.md ("Idle threads that spin").
+# How OpenMP's idle threads wait (torch's CPU kernels run on libgomp). By default they spin before sleeping: with
+# the cores busy (another job's threads, the machine's other work) a job's steps then wait for threads that burn
+# the cores they need. Sleeping at once (PASSIVE) held its speed under load where no spin count did, at a price on
+# a quiet machine for models of many small ops; docs/benchmarks.md ("Idle threads that spin") has the figures.
 WAIT_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 

@@ -278,10 +278,4 @@ class JobRunner:
         except Exception as error:  # noqa: BLE001 - progress is a nicety; a node without logs must not stop the job
             self.logger.debug("no log of %s: %s", rank0[0].name, error)
             return {}
-        latest, checkpoint = progress.read_records(text)
-        changes: dict[str, Any] = {}
-        if latest and latest != self.status.get("progress"):
-            changes["progress"] = latest
-        if checkpoint and checkpoint != self.status.get("latestCheckpoint"):
-            changes["latestCheckpoint"] = checkpoint
-        return changes
+        return {name: value for name, value in progress.read_records(text).items() if value != self.status.get(name)}

@@ -1,18 +1,21 @@
-"""Progress and checkpoints from rank 0's JSON-line records (the trainer prints one per event on stdout)."""
+"""Progress, checkpoints and the trainer's seconds by phase from rank 0's JSON-line records (the trainer prints one
+per event on stdout)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from kembed_contract import runtime
+from kembed_contract import job_seconds, runtime
 
 __all__ = ["read_records"]
 
 
-def read_records(log_text: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(progress, latestCheckpoint) as status fields, from the newest records in a log tail; None where absent."""
-    progress = checkpoint = None
+def read_records(log_text: str) -> dict[str, Any]:
+    """The status fields the newest records in a log tail say: `progress`, `latestCheckpoint` and
+    `trainerSeconds` (the trainer's seconds by phase, kembed_contract.job_seconds), each only where a record
+    says it."""
+    progress = checkpoint = seconds = None
     for line in log_text.splitlines():
         line = line.strip()
         if not line.startswith("{"):
@@ -34,4 +37,6 @@ def read_records(log_text: str) -> tuple[dict[str, Any] | None, dict[str, Any] |
         latest = runtime.latest_checkpoint_reported(event, record)
         if latest is not None:
             checkpoint = {"step": step, "uri": latest}
-    return progress, checkpoint
+        seconds = job_seconds.parse_trainer_seconds(record.get("seconds")) or seconds
+    fields = {"progress": progress, "latestCheckpoint": checkpoint, "trainerSeconds": seconds}
+    return {name: value for name, value in fields.items() if value is not None}

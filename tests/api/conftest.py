@@ -76,6 +76,9 @@ class FakeBackend:
     def kill_overdue(self) -> None:
         pass
 
+    def watch_exits(self, wake) -> None:
+        pass
+
     def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> bool:
         self.reclaimed.append(job_id)
         return True

@@ -152,7 +152,9 @@ def test_a_job_that_ends_takes_one_write_with_its_last_progress():
     asyncio.run(runner.reconcile_once())
     kube.writes.clear()
 
-    kube.log = ('{"event": "done", "step": 40, "total_steps": 40, "checkpoint": "s3://bucket/acme/demo/step-40"}\n')
+    kube.log = ('{"event": "done", "step": 40, "total_steps": 40, "checkpoint": "s3://bucket/acme/demo/step-40", '
+                '"seconds": {"process_start": 0.2, "imports": 2.5, "data": 0.4, "training": 12.0, "evaluation": 0.1, '
+                '"saving": 0.3, "other": 99, "imports_extra": "x"}}\n')
     clock.advance(3)
     observed.record_pod("MODIFIED", _running_pod("Succeeded"))
     observed.record_job("MODIFIED", _completed_batch_job())
@@ -162,12 +164,15 @@ def test_a_job_that_ends_takes_one_write_with_its_last_progress():
     assert write["phase"] == "SUCCEEDED"
     assert write["progress"] == {"step": 40, "totalSteps": 40, "percent": 100}
     assert write["latestCheckpoint"] == {"step": 40, "uri": "s3://bucket/acme/demo/step-40"}
+    # The trainer's phases as the API shows them (kembed_contract.job_seconds), what else the record says left out.
+    assert write["trainerSeconds"] == {"process_start": 0.2, "imports": 2.5, "data": 0.4, "training": 12.0,
+                                       "evaluation": 0.1, "saving": 0.3}
 
 
 def test_the_status_names_the_last_saved_checkpoint_not_the_best_one():
     """A done record's `checkpoint` is its result's (the best eval's, with keep_best); latestCheckpoint is the
     last one saved, as the API's job says (kembed_contract.runtime.latest_checkpoint_reported)."""
-    _, checkpoint = progress.read_records(
+    fields = progress.read_records(
         '{"event": "checkpoint", "step": 40, "uri": "s3://b/t/j/step-40"}\n'
         '{"event": "done", "step": 40, "checkpoint": "s3://b/t/j/step-10", "last_checkpoint": "s3://b/t/j/step-40"}\n')
-    assert checkpoint == {"step": 40, "uri": "s3://b/t/j/step-40"}
+    assert fields["latestCheckpoint"] == {"step": 40, "uri": "s3://b/t/j/step-40"}

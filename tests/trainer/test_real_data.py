@@ -69,6 +69,26 @@ def test_matrix_factorisation_beats_the_bias_baseline_on_movielens(tmp_path: pat
     assert recs[0]["dataset"] == {"train_rows": train.num_rows, "eval_rows": test.num_rows}
 
 
+@pytest.mark.parametrize("seed", [pytest.param(0, id="seed-0"), pytest.param(1, id="seed-1")])
+def test_the_compiled_step_learns_what_autograd_learns_on_movielens(tmp_path: pathlib.Path, seed: int):
+    """The ratings defaults trained by two_tower's compiled per-rating SGD and by the batch/autograd path (the same
+    seed: the same initial tables and batches) end within the spread of the compiled step's RMSE over seeds 0-4
+    (0.9056-0.9097 on 2026-12-03; the two paths at seeds 0 and 1 were 0.0002 and 0.0000 apart)."""
+    train, test = real_data.split(real_data.movielens_100k())
+    pq.write_table(train, tmp_path / "train.parquet")
+    pq.write_table(test, tmp_path / "eval.parquet")
+    rmse = {}
+    for step in ("compiled", "autograd"):
+        cfg = movielens_config(tmp_path)
+        cfg["model"]["step"] = step
+        cfg["training"] = {**ONE_THREAD, "seed": seed}
+        code, recs, stderr = run_trainer(write_config(tmp_path / f"{step}.yaml", cfg), timeout=600)
+        assert code == 0, stderr
+        rmse[step] = recs[-1]["eval"]["rmse"]
+    print(f"MovieLens-100k RMSE, seed {seed}: {rmse}")  # pytest -s shows it
+    assert abs(rmse["compiled"] - rmse["autograd"]) < 0.004, rmse
+
+
 ADULT_CATEGORICAL = ["workclass", "education", "marital-status", "occupation", "relationship", "race", "gender",
                      "native-country"]
 ADULT_NUMERIC = ["age", "fnlwgt", "educational-num", "capital-gain", "capital-loss", "hours-per-week"]

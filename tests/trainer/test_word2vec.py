@@ -16,6 +16,7 @@ from kembed_contract import trainer_config as config
 from kembed_trainer import embedding, sparse_optim
 from kembed_trainer.data import text
 from kembed_trainer.models.word2vec import sgd as word2vec_sgd
+from kembed_trainer.models.word2vec import sgns_kernel
 from kembed_trainer.storage import Guard
 from tests.trainer.conftest import run_trainer, write_config
 
@@ -144,6 +145,19 @@ def test_planted_neighbours_are_found(tmp_path, threads):
     trainer.close()
     assert losses[-1] < losses[0] - 0.1
     assert share_of_neighbours_in_topic(data.vocab, center) > 0.95
+
+
+@pytest.mark.parametrize("weights", [
+    pytest.param(np.arange(1, 2001, dtype=np.float64)[::-1] ** -0.75, id="zipf-like"),
+    pytest.param(np.array([5.0, 1e-9, 1.0, 1.0, 3.0]), id="one-all-but-zero"),
+    pytest.param(np.ones(7), id="uniform"),
+])
+def test_noise_words_are_drawn_from_the_noise_distribution_exactly(weights):
+    """The alias tables give each word, summed over the slots that can yield it, exactly its share of the weights."""
+    accept, alias = sgns_kernel.noise_tables(weights)
+    kept = accept / 2.0**32
+    yielded = np.bincount(np.arange(len(weights)), kept, len(weights)) + np.bincount(alias, 1 - kept, len(weights))
+    np.testing.assert_allclose(yielded / len(weights), weights / weights.sum(), rtol=1e-6, atol=1e-9)
 
 
 def final_tables(ckpt: pathlib.Path, step: int) -> dict[str, torch.Tensor]:

@@ -125,4 +125,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from kembed_trainer import quick_exit
+
+    quick_exit.exit_now(main())

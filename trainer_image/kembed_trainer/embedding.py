@@ -31,7 +31,7 @@ from kembed_trainer import delta, hugepages, pooling, sharding, sparse_optim
 from kembed_trainer import kinds as trainer_kinds
 from kembed_trainer.data.batch import Batch
 
-__all__ = ["EmbeddingCollection", "Group", "SideTable", "hash_rows"]
+__all__ = ["EmbeddingCollection", "Group", "SideTable", "hash_rows", "sum_across_ranks"]
 
 
 class SideTable(NamedTuple):
@@ -314,7 +314,7 @@ class EmbeddingCollection:
         out = []
         self._pending = []
         self.last_unique_rows = 0
-        for g, (values, counts, lengths) in zip(self.groups, self._inputs(batch), strict=True):
+        for g, (values, counts, lengths) in zip(self.groups, self.inputs(batch), strict=True):
             nf = len(g.features)
             raw_rows = g.rows_of(values, step)
             rows = g.storage_rows(g.admit(raw_rows), counts)
@@ -337,7 +337,7 @@ class EmbeddingCollection:
             merged.append(whole)
         return merged
 
-    def _inputs(self, batch: Batch) -> list[tuple[list[torch.Tensor], list[int], torch.Tensor]]:
+    def inputs(self, batch: Batch) -> list[tuple[list[torch.Tensor], list[int], torch.Tensor]]:
         """Per group: its features' ids, how many each, and their bags' lengths ([features, batch])."""
         lengths = batch.lengths.view(self.num_features, batch.batch_size)
         counts = lengths.sum(1).tolist()
@@ -363,7 +363,7 @@ class EmbeddingCollection:
         trainer hands over the next step's batch while this step trains."""
         if not self.prefetches:
             return
-        for g, (values, counts, _) in zip(self.groups, self._inputs(batch), strict=True):
+        for g, (values, counts, _) in zip(self.groups, self.inputs(batch), strict=True):
             if g.tiered:
                 g.prefetch(functools.partial(_unique_storage_rows, g, values, counts))
 
@@ -635,6 +635,13 @@ def _average_across_ranks(
     rows: torch.Tensor, grad: torch.Tensor, world_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """All ranks' (rows, grad) summed per row and divided by world size, as DDP averages dense gradients."""
+    uniq, summed = sum_across_ranks(rows, grad, world_size)
+    return uniq, summed / world_size
+
+
+def sum_across_ranks(rows: torch.Tensor, values: torch.Tensor, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's (rows, values), one value row per row: the sorted distinct rows of all ranks and each one's
+    values summed over the ranks (the same on every rank)."""
     n = torch.tensor([rows.numel()], device=rows.device)
     sizes = [torch.empty_like(n) for _ in range(world_size)]
     dist.all_gather(sizes, n)
@@ -642,15 +649,15 @@ def _average_across_ranks(
     # all_gather needs equal shapes: pad with row -1, dropped below.
     padded_rows = torch.full((width,), -1, dtype=rows.dtype, device=rows.device)
     padded_rows[: rows.numel()] = rows
-    padded_grad = torch.zeros(width, grad.shape[1], dtype=grad.dtype, device=grad.device)
-    padded_grad[: rows.numel()] = grad
+    padded_values = torch.zeros(width, values.shape[1], dtype=values.dtype, device=values.device)
+    padded_values[: rows.numel()] = values
     all_rows = [torch.empty_like(padded_rows) for _ in range(world_size)]
-    all_grad = [torch.empty_like(padded_grad) for _ in range(world_size)]
+    all_values = [torch.empty_like(padded_values) for _ in range(world_size)]
     dist.all_gather(all_rows, padded_rows)
-    dist.all_gather(all_grad, padded_grad)
-    cat_rows, cat_grad = torch.cat(all_rows), torch.cat(all_grad)
+    dist.all_gather(all_values, padded_values)
+    cat_rows, cat_values = torch.cat(all_rows), torch.cat(all_values)
     keep = cat_rows >= 0
     uniq, inverse = torch.unique(cat_rows[keep], return_inverse=True)
-    summed = torch.zeros(uniq.numel(), grad.shape[1], dtype=grad.dtype, device=grad.device)
-    summed.index_add_(0, inverse, cat_grad[keep])
-    return uniq, summed / world_size
+    summed = torch.zeros(uniq.numel(), values.shape[1], dtype=values.dtype, device=values.device)
+    summed.index_add_(0, inverse, cat_values[keep])
+    return uniq, summed

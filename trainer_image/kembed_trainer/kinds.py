@@ -19,7 +19,7 @@ from kembed_trainer.models.base import ModelTraining, Writer
 from kembed_trainer.storage import Guard
 from kembed_trainer.tables.base import TableStorage
 
-__all__ = ["data_source", "export_writers", "model", "table"]
+__all__ = ["data_source", "export_writers", "kernel_modules", "model", "table"]
 
 
 @functools.cache
@@ -55,3 +55,8 @@ def table(table_cfg: config.TableConfig) -> TableStorage:
 def export_writers() -> dict[str, Writer]:
     """A writer for every export format a model kind adds."""
     return {fmt: writer for name in kinds.MODELS for fmt, writer in model(name).writers.items()}
+
+
+def kernel_modules() -> list[str]:
+    """Every module with cached numba kernels, of every model kind (what kembed_trainer.kernel_cache compiles)."""
+    return sorted({module for name in kinds.MODELS for module in model(name).kernel_modules})

@@ -9,6 +9,10 @@ arguments, the same launch code (torch.distributed.run.run), but the process the
   when any worker ran out of memory (for the same reason),
 - 128 + N when the launcher itself got signal N (SIGTERM: the workers were asked to checkpoint and stop),
 - 0 when every worker succeeded.
+
+A node of one process in a gang of one node skips torchrun: the launcher starts that rank itself
+(kembed_trainer.lone_rank), under the same policy. Either way the ranks find the platform's compiled kernels
+(kembed_trainer.kernel_cache.expose).
 """
 
 import time
@@ -21,11 +25,18 @@ import sys  # noqa: E402
 
 from kembed_contract.job_seconds import ENV_LAUNCHED_AT  # noqa: E402
 from kembed_contract.runtime import EXIT_BAD_CONFIG, EXIT_OUT_OF_MEMORY, exit_code  # noqa: E402
+from kembed_trainer import kernel_cache, lone_rank  # noqa: E402
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     # The workers inherit it: their process start counts from here (kembed_contract.job_seconds).
     os.environ[ENV_LAUNCHED_AT] = repr(_STARTED_AT)
+    if exposed := kernel_cache.expose(os.environ):
+        print(f"kembed launcher: {exposed}", file=sys.stderr, flush=True)
+    alone = lone_rank.parse(argv)
+    if alone is not None:
+        return lone_rank.run(alone)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run

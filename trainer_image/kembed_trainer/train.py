@@ -21,6 +21,7 @@ from kembed_trainer import (
     checkpoint,
     delta,
     embedding,
+    kernel_cache,
     kinds,
     malloc,
     metrics,
@@ -103,7 +104,7 @@ class Trainer:
             else None
         )
         with self.clock.phase("imports"):  # a compiled step compiles its kernel (or loads it from numba's cache)
-            self.compiled = self.kind.compiled_step(cfg, data=self.data, embeddings=self.embeddings,
+            self.compiled = self.kind.compiled_step(cfg, data=self.data, embeddings=self.embeddings, model=dense,
                                                     total_steps=self.total_steps, rank=env.rank,
                                                     world_size=env.world_size)
         self.step = 0
@@ -147,6 +148,7 @@ class Trainer:
             embedding_mb=round(self.embeddings.num_bytes / 2**20, 3),
             dataset=self.dataset,
             seconds=self.clock.seconds(),
+            **({"kernels": kernels} if any((kernels := kernel_cache.stats(self.kind.kernel_modules)).values()) else {}),
         )
         with self.clock.phase("training"):  # its evals and saves count as theirs (nested phases)
             if (stopped := self._loop(total)) is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -118,6 +118,10 @@ class Backend(Protocol):
 
     def log_bytes(self, job_id: str) -> int:
         """Bytes of the job's logs this backend keeps (its tenant's storage); 0 where it keeps none."""
+
+    def watch_exits(self, wake: Callable[[], None]) -> None:
+        """Call `wake` (from any thread) when a gang's process ends, so that the dispatcher's next pass comes then
+        and not at its interval; may do nothing (where an end is only seen by polling)."""
 
     def shutdown(self) -> None:
         """Stop every running gang (each writes its SIGTERM checkpoint) and wait for them, within the grace."""

@@ -249,6 +249,9 @@ class KubernetesBackend:
     def kill_overdue(self) -> None:
         pass  # the operator enforces the pods' termination grace
 
+    def watch_exits(self, wake) -> None:
+        pass  # a pod's end reaches the API through the EmbeddingJob's status, read at each pass
+
     def reclaim(self, job_id: str, backend_state: dict[str, Any]) -> bool:
         return False  # the job runs on in the cluster; the dispatcher simply follows it again
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from kembed_api.backends import cores, local_disk, node_logs
+from kembed_api.backends import cores, kernels, local_disk, node_logs
 from kembed_api.backends.base import CannotStart, Exit, Launch, NotReady
 from kembed_api.platform import confinement
 from kembed_api.platform.ports import free_port
@@ -111,7 +111,8 @@ class LocalBackend:
                  memory_bytes: int | None = None, cpus: int | None = None, sandbox: str = "auto",
                  credentials: TenantCredentials | None = None, server_s3_credentials: bool = False,
                  limits: str = "auto", log_bytes_per_node: int = DEFAULT_LOG_BYTES_PER_NODE,
-                 free_disk: Callable[[Path], int] = local_disk.free_bytes) -> None:
+                 free_disk: Callable[[Path], int] = local_disk.free_bytes,
+                 kernel_cache_root: Path | None = None) -> None:
         """`memory_bytes`, `cpus`: what this machine offers its trainers (measured when not given). `sandbox`:
         auto, landlock or off (Settings.trainer_sandbox); raises RuntimeError for landlock without a kernel that
         has it. `credentials`: mint each tenant's own S3 key for its trainers (Settings.s3_mint_credentials).
@@ -119,7 +120,9 @@ class LocalBackend:
         Settings.trainer_server_s3_credentials); with neither, trainers hold no credentials. `limits`: auto,
         cgroup or rlimit (Settings.trainer_limits); raises RuntimeError for cgroup where none is writable.
         `log_bytes_per_node`: what each node's log keeps on disk (Settings.trainer_log_bytes_per_node).
-        `free_disk`: bytes free on the file system of a path (the data dir's, where jobs' tiers live)."""
+        `free_disk`: bytes free on the file system of a path (the data dir's, where jobs' tiers live).
+        `kernel_cache_root`: where the platform keeps the trainer's compiled kernels, which every job reads and none
+        writes (Settings.kernel_cache_dir; None: each job compiles its own)."""
         abi = landlock.abi_version()
         self.landlock = sandbox != "off" and abi > 0
         self.landlock_network = self.landlock and abi >= landlock.NET_ABI
@@ -149,6 +152,8 @@ class LocalBackend:
         # Each tenant's minted key, in memory only (never on disk, where a bug could let a trainer read another
         # tenant's): after a restart the next launch mints a fresh one, and the old key is deleted in IAM.
         self._keys: dict[str, S3Credentials] = {}
+        self.kernel_cache = kernels.PlatformKernels(kernel_cache_root) if kernel_cache_root else None
+        self._wake: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------------------------------- admission
     def check_fits(self, spec: JobSpec) -> None:
@@ -255,6 +260,7 @@ class LocalBackend:
         if local_disk_bytes:
             self._check_disk(launch.job_id, local_disk_bytes)
         port = free_port()
+        kernel_cache = self.kernel_cache.folder() if self.kernel_cache else None
         base_env = confinement.trainer_environ(os.environ, scratch=scratch, server_s3_credentials=False)
         env = {
             **confinement.trainer_environ(os.environ, scratch=scratch,
@@ -264,6 +270,7 @@ class LocalBackend:
             runtime.ENV_REPORT_TOKEN: launch.report_token,
             runtime.ENV_LOCAL_DIR: str(local_dir),
             runtime.ENV_MEMORY_PER_RANK: str(resources.memory_bytes_per_rank),
+            **({runtime.ENV_KERNEL_CACHE: str(kernel_cache)} if kernel_cache else {}),
             "PYTHONUNBUFFERED": "1",
             # Each rank runs its share of the cores the job was admitted with, never the machine's.
             **threads.thread_environ(resources.cpu_per_node, resources.procs_per_node or 1),
@@ -279,7 +286,7 @@ class LocalBackend:
         files = network = None
         if self.landlock:
             files = confinement.landlock_file_rules(data_dir=self.data_dir, job_dir=job_dir,
-                                                    policy=launch.storage_policy)
+                                                    policy=launch.storage_policy, kernel_cache=kernel_cache)
         if self.landlock_network:
             network = confinement.network_rules(report_url=launch.report_url, rendezvous_port=port, environ=env,
                                                 policy=launch.storage_policy)
@@ -329,9 +336,22 @@ class LocalBackend:
         with self._lock:
             self._gangs[launch.job_id] = _Gang(processes=processes, pumps=pumps, limits=node_limits,
                                                local_dir=local_dir, local_disk_bytes=local_disk_bytes)
+        for process in processes:
+            threading.Thread(target=self._wake_on_exit, args=(process,), name=f"kembed-exit-{process.pid}",
+                             daemon=True).start()
         described = f"{self._describe(limits)}; cores: {'; '.join(_core_list(c) for c in placement)}"
         log.info("job %s attempt %d: %s", launch.job_id, launch.attempt, described)
         return {"pids": [p.pid for p in processes], "attempt": launch.attempt, "confinement": described}
+
+    def watch_exits(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+
+    def _wake_on_exit(self, process: subprocess.Popen) -> None:
+        """Wait for a node's process (in a thread of its own; Popen's lock makes poll from the dispatcher safe
+        meanwhile) and wake the dispatcher, whose pass then finds the node ended."""
+        process.wait()
+        if self._wake is not None:
+            self._wake()
 
     def _describe(self, limits: confinement.NodeLimits) -> str:
         network = ("network: Landlock (report, storage and rendezvous ports, the ephemeral range)"

@@ -76,8 +76,10 @@ def trainer_environ(server: Mapping[str, str], *, scratch: Path, server_s3_crede
 
 
 # ---- files and network (Landlock) -------------------------------------------------------------------------------
-def landlock_file_rules(*, data_dir: Path, job_dir: Path, policy: StoragePolicy | None) -> tuple[list[str], list[str]]:
-    """(read, write) for the node's Landlock: readable the system, this interpreter and its packages, the job's
+def landlock_file_rules(*, data_dir: Path, job_dir: Path, policy: StoragePolicy | None,
+                        kernel_cache: Path | None = None) -> tuple[list[str], list[str]]:
+    """(read, write) for the node's Landlock: readable the system, this interpreter and its packages, the
+    platform's compiled kernels (`kernel_cache`: never writable, every tenant's jobs load them), the job's
     folder, the policy's local prefixes; writable the job's folder, the tenant's own checkpoint folder, the
     policy's local write prefixes. The data dir (the database, tokens, logs, other jobs) and the checkpoint root
     (other tenants) stay out, also where a granted folder contains them."""
@@ -89,7 +91,8 @@ def landlock_file_rules(*, data_dir: Path, job_dir: Path, policy: StoragePolicy 
     for folder in own:
         Path(folder).mkdir(parents=True, exist_ok=True)  # Landlock grants only what exists
     return landlock.rules(
-        read=[*landlock.SYSTEM_READ, *landlock.python_paths(), *local(policy.read), *local(policy.write)],
+        read=[*landlock.SYSTEM_READ, *landlock.python_paths(), *([str(kernel_cache)] if kernel_cache else []),
+              *local(policy.read), *local(policy.write)],
         write=[*landlock.SYSTEM_WRITE, *local(policy.write)],
         denied=[str(data_dir), *local(policy.deny)],
         granted_inside_denied=[str(job_dir), *own],

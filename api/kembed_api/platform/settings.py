@@ -96,6 +96,18 @@ class Settings(MintingSettings, BaseSettings):
         "server may make one, else rlimits and a memory watchdog; cgroup = refuse to start without one; rlimit = "
         "rlimits and the watchdog even where cgroups exist.",
     )
+    trainer_kernel_cache: bool = Field(
+        True,
+        description="Compile the trainer's numba kernels once per installation (at the local backend's start, into "
+        "kernel_cache_dir) and let every local job load them, read-only, instead of compiling them in each job "
+        "(seconds per job of a model kind with compiled kernels). Off: each job compiles its own, in its own folder.",
+    )
+    kernel_cache_dir: Path = Field(
+        Path("~/.cache/kembed/kernels"),
+        description="Where the local backend keeps the trainer's compiled kernels (trainer_kernel_cache), one folder "
+        "per installation (a key of the interpreter, numba and the trainer's source). Outside data_dir: the trainers "
+        "may read it; only this server writes it.",
+    )
     trainer_log_bytes_per_node: int = Field(
         16 * 2**20,
         ge=4096,
@@ -251,6 +263,7 @@ class Settings(MintingSettings, BaseSettings):
     @model_validator(mode="after")
     def _resolve_paths(self) -> Settings:
         self.data_dir = self.data_dir.expanduser().resolve()
+        self.kernel_cache_dir = self.kernel_cache_dir.expanduser().resolve()
         return self
 
     @property

@@ -47,6 +47,14 @@ DIMENSIONS: tuple[_Dimension, ...] = (
                lambda v: f"{v:g} trainer processes", "{:g}".format, lambda r: r.num_processes, False, True),
 )
 _ADD, _SUB = operator.add, operator.sub
+_PER_NODE = tuple(d.per_job is not None for d in DIMENSIONS)
+
+
+def _scaled(value: float, nodes: int, to: int) -> float:
+    """`value` held at `nodes` nodes, at `to` nodes; whole numbers stay whole where they divide."""
+    if isinstance(value, int) and value * to % nodes == 0:
+        return value * to // nodes
+    return value * to / nodes
 
 
 class Demand(collections.namedtuple("_Amounts", [d.demand for d in DIMENSIONS], defaults=(0,) * len(DIMENSIONS))):
@@ -65,6 +73,12 @@ class Demand(collections.namedtuple("_Amounts", [d.demand for d in DIMENSIONS], 
 
     def __sub__(self, other: Demand) -> Demand:
         return self._make(map(_SUB, self, other))
+
+    def resized(self, nodes: int, to: int) -> Demand:
+        """What the same job holds at `to` nodes instead of `nodes` (an elastic job's other sizes): every amount
+        is per node times nodes (the quota model's `per_job`), a count of jobs stays one."""
+        return self._make(value if not per_node or to == nodes else _scaled(value, nodes, to)
+                          for value, per_node in zip(self, _PER_NODE, strict=True))
 
 
 class _Limits:

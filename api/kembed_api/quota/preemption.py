@@ -22,6 +22,24 @@ The model (Kueue's ClusterQueue and cohort, in kembed's words):
   within its nominal quota is never preempted by another tenant, so reclaims cannot go round in a cycle.
   Never stuck: a job whose victims are still saving waits for them (and no further victims are chosen);
   what they free is reserved for it; every waiting job gets its reason.
+
+Elastic jobs (a size range in nodes, `Elastic`; a rigid gang is decided exactly as above):
+- Admission: an elastic job starts when its minimum fits (as a gang of that size would), at the largest size of
+  its range that fits and leaves the head of every queue ahead of it (higher or equal standing) what it needs to
+  start. A queued elastic job takes from others only for its minimum.
+- Growth: the queue has its turn first; what the pass leaves (no waiting job can start with it) goes to running
+  elastic jobs below their maximum, a node at a time, each where it fits as an admitted job would (capacity,
+  nominal quota, borrowing limit, cohort): to the tenant holding the smallest fraction of its nominal quota
+  (its dominant share), within it to the highest-priority, then smallest, then oldest job. A job grows only
+  `RESIZE_COOLDOWN_S` after its last start or resize, so that nothing thrashes.
+- What a job grew by is lent by the queue: a waiting job of no lower priority that needs it takes it back
+  (`QueueFirst`), before anyone is shrunk or preempted for it, and only what it needs, under the rules of
+  borrowing (what a tenant holds within its nominal quota stays its own).
+- Shrink before preempting: victims are chosen in the same order as preemption's, but first every candidate
+  above its minimum gives back nodes, one at a time, only while they are needed; only then are jobs preempted
+  whole (an elastic one's minimum too); then every node and job not needed after all is given back. A shrunk
+  job saves at a step boundary and restarts smaller (`Resize`); what it gives back is reserved for the job it
+  makes room for. A resize spends no restart, and a job is never below its minimum nor above its maximum.
 """
 
 from __future__ import annotations
@@ -31,18 +49,17 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
+from kembed_api.quota import elastic
 from kembed_api.quota.admission import Demand, Quota, shortfall
+from kembed_api.quota.books import Books, Share
+from kembed_api.quota.elastic import Elastic, demand_at, least_demand
 
-__all__ = ["Admit", "Pending", "Plan", "Preempt", "Running", "Share", "Wait", "decide"]
+__all__ = ["RESIZE_COOLDOWN_S", "Admit", "Elastic", "Pending", "Plan", "Preempt", "Resize", "Running", "Share",
+           "Wait", "decide"]
 
-
-@dataclass(frozen=True)
-class Share:
-    """A tenant's place in admission."""
-
-    nominal: Quota  # guaranteed: what it may always use (None fields: unlimited)
-    cohort: str | None = None  # tenants of one cohort lend each other what they leave idle
-    borrowing_limit: Quota = dataclasses.field(default_factory=Quota)  # at most this much above nominal
+# How long a job runs at a size before it may grow again: a resize costs its save, restart and load
+# (docs/benchmarks.md, "Elastic jobs over the same week"), and a job grown at every pass would train little.
+RESIZE_COOLDOWN_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -51,25 +68,34 @@ class Running:
 
     key: Hashable
     tenant: Hashable
-    demand: Demand
+    demand: Demand  # what it holds now (an elastic job: at its size now, `elastic.nodes`)
     priority: int  # its priority class's value
     work_at_risk: float = 0.0  # e.g. GPU-seconds since its last complete checkpoint (lost if it were killed)
     stopping: bool = False  # asked to save and stop: what it holds is on its way back
     protected: bool = False  # preempted too often lately: never a victim
+    elastic: Elastic | None = None  # its size range; None: a rigid gang
+    shrinking_to: int | None = None  # asked to save and restart at this many nodes: the rest is on its way back
+    # When it last started at its size now (admitted or resized), on `now`'s clock; None: it may grow at once.
+    resized_at: float | None = None
+    # The size it was admitted at, or shrunk to since: the nodes it grew by beyond it are lent by the queue and go
+    # back to any waiting job that needs them (None: its size now, nothing lent).
+    base_nodes: int | None = None
 
 
 @dataclass(frozen=True)
 class Pending:
     key: Hashable
     tenant: Hashable
-    demand: Demand
+    demand: Demand  # what it asks for (an elastic job: at `elastic.nodes`, any size of its range)
     priority: int
+    elastic: Elastic | None = None  # its size range; None: a rigid gang
 
 
 @dataclass(frozen=True)
 class Admit:
     key: Hashable
     borrowed: bool  # it holds some of its cohort's idle quota beyond its tenant's nominal
+    nodes: int | None = None  # an elastic job: the size it starts at
 
 
 @dataclass(frozen=True)
@@ -77,6 +103,18 @@ class Preempt:
     victim: Hashable
     preemptor: Hashable
     reason: str  # ReclaimedByLender (its tenant's lender takes back what it lent) | HigherPriority
+
+
+@dataclass(frozen=True)
+class Resize:
+    """A running elastic job saves at a step boundary, restarts at `nodes` and resumes (no restart is spent)."""
+
+    key: Hashable
+    nodes: int  # its new size
+    # Grown: IdleCapacity. Shrunk to make room for `preemptor`: ReclaimedByLender | HigherPriority, as a
+    # preemption, or QueueFirst (it gives back nodes it grew by).
+    reason: str
+    preemptor: Hashable | None = None
 
 
 @dataclass(frozen=True)
@@ -89,57 +127,8 @@ class Wait:
 class Plan:
     admit: list[Admit] = dataclasses.field(default_factory=list)
     preempt: list[Preempt] = dataclasses.field(default_factory=list)
+    resize: list[Resize] = dataclasses.field(default_factory=list)
     wait: list[Wait] = dataclasses.field(default_factory=list)
-
-
-def _exceeds(quota: Quota, used: Demand) -> bool:
-    """Whether `used` is over `quota` in any dimension."""
-    return shortfall(quota, used=used, demand=Demand()) is not None
-
-
-class _Books:
-    """What each tenant and cohort holds during one pass."""
-
-    def __init__(self, shares: dict[Hashable, Share], capacity: Quota, running: Sequence[Running]) -> None:
-        self.shares, self.capacity = shares, capacity
-        self.by_tenant: dict[Hashable, Demand] = defaultdict(Demand)
-        self.by_cohort: dict[str, Demand] = defaultdict(Demand)
-        self.everywhere = Demand()
-        self.pool: dict[str, Quota] = {}
-        for share in shares.values():
-            if share.cohort is not None:
-                self.pool[share.cohort] = self.pool.get(share.cohort, Quota.nothing()).plus(share.nominal)
-        for job in running:
-            self.add(job.tenant, job.demand)
-
-    def add(self, tenant: Hashable, demand: Demand, sign: int = 1) -> None:
-        change = demand if sign > 0 else Demand() - demand
-        self.by_tenant[tenant] += change
-        self.everywhere += change
-        cohort = self.shares[tenant].cohort
-        if cohort is not None:
-            self.by_cohort[cohort] += change
-
-    def borrowing(self, tenant: Hashable) -> bool:
-        return _exceeds(self.shares[tenant].nominal, self.by_tenant[tenant])
-
-    def why_not(self, tenant: Hashable, demand: Demand, *, may_borrow: bool) -> str | None:
-        """None if `demand` fits now (within nominal, or borrowing when allowed); else why not, in words."""
-        why = shortfall(self.capacity, used=self.everywhere, demand=demand)
-        if why:
-            return why
-        share, used = self.shares[tenant], self.by_tenant[tenant]
-        within = shortfall(share.nominal, used=used, demand=demand)
-        if share.cohort is None or (within is not None and not may_borrow):
-            return within
-        if within is not None:
-            beyond = shortfall(share.nominal.plus(share.borrowing_limit), used=used, demand=demand)
-            if beyond:
-                return f"borrowing limit: {beyond}"
-        # The cohort never holds more than its members' nominal quotas together: what one member is owed may be
-        # lent out now, and is then reclaimed first.
-        pooled = shortfall(self.pool[share.cohort], used=self.by_cohort[share.cohort], demand=demand)
-        return f"cohort {share.cohort}: {pooled}" if pooled else None
 
 
 def decide(
@@ -150,59 +139,117 @@ def decide(
     queue: Iterable[Pending],
     waiting_tenants: set[Hashable] | None = None,
     preemption: bool = True,
+    now: float = 0.0,
+    resize_cooldown_s: float = RESIZE_COOLDOWN_S,
 ) -> Plan:
     """One admission pass. `queue` in admission order (priority, then submission); within a tenant the head is
     never overtaken. Jobs that fit within their tenant's nominal quota go first (a sweep that may reclaim lent
-    quota), then the rest may borrow (a second sweep). `queue` is read lazily, and a sweep stops reading once
-    every tenant of `waiting_tenants` (those with jobs queued) has its head blocked: a long queue that cannot
-    move costs a pass its first few pages, not the whole queue."""
-    books = _Books(shares, capacity, running)
+    quota), then the rest may borrow (a second sweep); then running elastic jobs grow into what is left. `queue`
+    is read lazily, and a sweep stops reading once every tenant of `waiting_tenants` (those with jobs queued) has
+    its head blocked: a long queue that cannot move costs a pass its first few pages, not the whole queue.
+    An elastic job sized in the first sweep may borrow more nodes once the second is done. `now` (seconds, on
+    the clock of `Running.resized_at`) and `resize_cooldown_s` say which running elastic jobs may grow; without
+    `preemption` nothing grows (nothing lent could be taken back)."""
+    books = Books(shares, capacity, ((job.tenant, job.demand) for job in running))
     plan = Plan()
     queue = _Lazy(queue)
     victims_of: dict[Hashable, Running] = {job.key: job for job in running}
-    freeing: dict[Hashable, Demand] = defaultdict(Demand)  # by tenant: what stopping jobs will give back
+    freeing: dict[Hashable, Demand] = defaultdict(Demand)  # by tenant: what stopping or shrinking jobs give back
     for job in running:
         if job.stopping:
             freeing[job.tenant] += job.demand
+        elif job.shrinking_to is not None:
+            freeing[job.tenant] += job.demand - demand_at(job, job.shrinking_to)
     waiting: dict[Hashable, str] = {}
+    unserved: dict[Hashable, tuple[int, Pending]] = {}  # waiting with nothing reserved: (place in the queue, job)
     decided: set[Hashable] = set()
     held: set[Hashable] = set()  # tenants whose head waits for its victims: nothing of theirs overtakes it
+    within_nominal: list[tuple[int, int, Pending]] = []  # elastic jobs the first sweep sized: (admit, place, job)
     for may_borrow in (False, True):
         blocked = set(held)
-        for pending in queue:
+        for place, pending in enumerate(queue):
             if pending.key in decided or pending.tenant in blocked:
                 continue
-            why = books.why_not(pending.tenant, pending.demand, may_borrow=may_borrow)
+            needs = least_demand(pending)
+            why = books.why_not(pending.tenant, needs, may_borrow=may_borrow)
             if why is None:
-                borrowed = (shares[pending.tenant].cohort is not None
-                            and _exceeds(shares[pending.tenant].nominal,
-                                         books.by_tenant[pending.tenant] + pending.demand))
-                books.add(pending.tenant, pending.demand)
-                plan.admit.append(Admit(pending.key, borrowed))
+                nodes = None
+                if pending.elastic is not None:
+                    nodes = _starting_size(books, pending, place, unserved, start=pending.elastic.min_nodes,
+                                           may_borrow=may_borrow)
+                    needs = demand_at(pending, nodes)
+                    if not may_borrow:
+                        within_nominal.append((len(plan.admit), place, pending))
+                borrowed = books.would_borrow(pending.tenant, needs)
+                books.add(pending.tenant, needs)
+                plan.admit.append(Admit(pending.key, borrowed, nodes))
                 decided.add(pending.key)
                 waiting.pop(pending.key, None)
+                unserved.pop(pending.key, None)
                 continue
             blocked.add(pending.tenant)
             chosen = None
             if not _fits_once_freed(books, freeing, pending, may_borrow=may_borrow) and preemption:
                 chosen = _victims(books, victims_of, freeing, pending, may_borrow=may_borrow)
-                for victim, reason in chosen or ():
-                    plan.preempt.append(Preempt(victim.key, pending.key, reason))
-                    victims_of[victim.key] = dataclasses.replace(victim, stopping=True)
-                    freeing[victim.tenant] += victim.demand
+                for victim, reason, nodes in chosen or ():
+                    if nodes == 0:
+                        plan.preempt.append(Preempt(victim.key, pending.key, reason))
+                        victims_of[victim.key] = dataclasses.replace(victim, stopping=True)
+                        freeing[victim.tenant] += victim.demand
+                    else:
+                        plan.resize.append(Resize(victim.key, nodes, reason, pending.key))
+                        victims_of[victim.key] = dataclasses.replace(victim, shrinking_to=nodes)
+                        freeing[victim.tenant] += victim.demand - demand_at(victim, nodes)
             if chosen or (chosen is None and _fits_once_freed(books, freeing, pending, may_borrow=may_borrow)):
                 # Its victims (or others') are still saving: what they free is reserved for it, nobody else
-                # is chosen, and nothing of its tenant's queue overtakes it.
-                books.add(pending.tenant, pending.demand)
+                # is chosen, and nothing of its tenant's queue overtakes it. An elastic job waits for its minimum.
+                books.add(pending.tenant, needs)
                 decided.add(pending.key)
                 held.add(pending.tenant)
                 waiting[pending.key] = "preempted jobs to save their checkpoint and stop"
+                unserved.pop(pending.key, None)
             else:
                 waiting[pending.key] = why
+                unserved[pending.key] = (place, pending)
             if waiting_tenants is not None and waiting_tenants <= blocked:
                 break  # every tenant with jobs queued waits: reading further admits nothing
+    for index, place, pending in within_nominal:  # now that borrowers had their turn, they may borrow too
+        books.add(pending.tenant, demand_at(pending, plan.admit[index].nodes), -1)
+        nodes = _starting_size(books, pending, place, unserved, start=plan.admit[index].nodes, may_borrow=True)
+        plan.admit[index] = Admit(pending.key, books.would_borrow(pending.tenant, demand_at(pending, nodes)), nodes)
+        books.add(pending.tenant, demand_at(pending, nodes))
+    if preemption:  # what a job grows by is lent: it goes back by the same means as preemption
+        plan.resize += _grown(books, victims_of, now=now, cooldown_s=resize_cooldown_s)
     plan.wait = [Wait(key, reason) for key, reason in waiting.items()]
     return plan
+
+
+def _starting_size(books: Books, pending: Pending, place: int, unserved: dict[Hashable, tuple[int, Pending]], *,
+                   start: int, may_borrow: bool) -> int:
+    """The size an elastic job at `place` in the queue starts at (from `start`, which fits): what the heads of the
+    queues ahead of it, of no lower priority, need to start is left to them."""
+    owed = [w for w in _heads(unserved.values(), before=place) if w.priority >= pending.priority]
+    return elastic.largest_size(books, pending, start=start, may_borrow=may_borrow, owed=owed)
+
+
+def _grown(books: Books, running: dict[Hashable, Running], *, now: float, cooldown_s: float) -> list[Resize]:
+    """What the pass left goes to running elastic jobs below their maximum whose last start or resize is at least
+    `cooldown_s` old; `elastic.fair_growth` says who first. (A job admitted in this pass already starts at the
+    largest size it may have.)"""
+    candidates = [job for job in running.values()
+                  if job.elastic is not None and not job.stopping and job.shrinking_to is None
+                  and (job.resized_at is None or now - job.resized_at >= cooldown_s)]
+    return [Resize(key, nodes, "IdleCapacity") for key, nodes in elastic.fair_growth(books, candidates).items()]
+
+
+def _heads(unserved: Iterable[tuple[int, Pending]], *, before: int) -> list[Pending]:
+    """The first job of each tenant's queue among those waiting with nothing reserved, placed before `before`:
+    what an elastic job admitted at `before` leaves room for (a tenant's later jobs start after its head)."""
+    heads: dict[Hashable, tuple[int, Pending]] = {}
+    for place, job in unserved:
+        if place < before and (job.tenant not in heads or place < heads[job.tenant][0]):
+            heads[job.tenant] = (place, job)
+    return [job for _, job in heads.values()]
 
 
 class _Lazy:
@@ -223,28 +270,38 @@ class _Lazy:
             index += 1
 
 
-def _fits_once_freed(books: _Books, freeing: dict[Hashable, Demand], pending: Pending, *, may_borrow: bool) -> bool:
+def _fits_once_freed(books: Books, freeing: dict[Hashable, Demand], pending: Pending, *, may_borrow: bool) -> bool:
     if not any(d != Demand() for d in freeing.values()):
         return False
     for tenant, demand in freeing.items():
         books.add(tenant, demand, -1)
     try:
-        return books.why_not(pending.tenant, pending.demand, may_borrow=may_borrow) is None
+        return books.why_not(pending.tenant, least_demand(pending), may_borrow=may_borrow) is None
     finally:
         for tenant, demand in freeing.items():
             books.add(tenant, demand)
 
 
-def _victims(books: _Books, running: dict[Hashable, Running], freeing: dict[Hashable, Demand], pending: Pending,
-             *, may_borrow: bool) -> list[tuple[Running, str]] | None:
-    """The fewest jobs whose preemption lets `pending` start (with what is already being freed), or None."""
+def _victims(books: Books, running: dict[Hashable, Running], freeing: dict[Hashable, Demand], pending: Pending,
+             *, may_borrow: bool) -> list[tuple[Running, str, int]] | None:
+    """The least taken from running jobs that lets `pending` start (with what is already being freed), as
+    (victim, reason, its size after: 0 when preempted entirely), or None. First the nodes elastic jobs of no
+    higher priority grew by (the queue's loan, `QueueFirst`), then elastic victims above their minimum shrink, a
+    node at a time; only then are jobs preempted whole; then every node and job not needed after all is given
+    back."""
     share = books.shares[pending.tenant]
+    needs = least_demand(pending)
     # Does it have a right to reclaim: would it fit within its tenant's nominal quota with its own usage?
-    reclaims = shortfall(share.nominal, used=books.by_tenant[pending.tenant], demand=pending.demand) is None
+    reclaims = shortfall(share.nominal, used=books.by_tenant[pending.tenant], demand=needs) is None
     candidates: list[tuple[Running, str]] = []
+    loans: list[Running] = []
     for job in running.values():
-        if job.stopping:
+        if job.stopping or job.shrinking_to is not None:
             continue
+        shares_limits = job.tenant == pending.tenant or (
+            share.cohort is not None and books.shares[job.tenant].cohort == share.cohort)
+        if shares_limits and _base(job) < _size(job) and job.priority <= pending.priority:
+            loans.append(job)
         if job.tenant == pending.tenant:
             if job.priority < pending.priority and not job.protected:
                 candidates.append((job, "HigherPriority"))
@@ -253,34 +310,87 @@ def _victims(books: _Books, running: dict[Hashable, Running], freeing: dict[Hash
                 candidates.append((job, "ReclaimedByLender"))
             elif may_borrow and job.priority < pending.priority and not job.protected:
                 candidates.append((job, "HigherPriority"))
-    if not candidates:
+    if not candidates and not loans:
         return None
     candidates.sort(key=lambda c: (c[0].priority, c[0].work_at_risk, -_order(c[0])))
+    loans.sort(key=lambda job: (job.priority, job.work_at_risk, -_order(job)))
+
+    def fits() -> bool:
+        return books.why_not(pending.tenant, needs, may_borrow=may_borrow) is None
+
+    def may_take(job: Running) -> bool:  # what its tenant holds within its own nominal quota is never another's
+        return job.tenant == pending.tenant or books.borrowing(job.tenant)
+
+    def resize(job: Running, nodes: int, to: int) -> None:  # moves what `job` holds in the books
+        books.add(job.tenant, _held_at(job, nodes), -1)
+        books.add(job.tenant, _held_at(job, to))
+
+    def take(job: Running, reason: str) -> None:  # the latest taken from goes last (given back first)
+        taken.pop(job.key, None)
+        taken[job.key] = (job, reason)
+
     for tenant, demand in freeing.items():
         books.add(tenant, demand, -1)
-    chosen: list[tuple[Running, str]] = []
+    size = {job.key: _size(job) for job in [*loans, *(job for job, _ in candidates)]}
+    taken: dict[Hashable, tuple[Running, str]] = {}
     try:
-        for job, reason in candidates:
-            if books.why_not(pending.tenant, pending.demand, may_borrow=may_borrow) is None:
+        shrinks = [*((job, "QueueFirst", _base(job)) for job in loans),
+                   *((job, reason, job.elastic.min_nodes) for job, reason in candidates if job.elastic is not None)]
+        for job, reason, floor in shrinks:  # loans first, then shrinks to the minimum
+            while size[job.key] > floor and not fits() and may_take(job):
+                resize(job, size[job.key], size[job.key] - 1)
+                size[job.key] -= 1
+                take(job, reason)
+        for job, reason in candidates:  # then whole jobs
+            if fits():
                 break
-            if job.tenant != pending.tenant and not books.borrowing(job.tenant):
-                continue  # what its tenant holds now is within its own nominal quota: never another's to take
-            books.add(job.tenant, job.demand, -1)
-            chosen.append((job, reason))
-        if books.why_not(pending.tenant, pending.demand, may_borrow=may_borrow) is not None:
-            return None  # even all of them would not make room: preempt nobody
-        for job, reason in reversed(list(chosen)):  # spare every victim not needed after all
-            books.add(job.tenant, job.demand)
-            if books.why_not(pending.tenant, pending.demand, may_borrow=may_borrow) is None:
-                chosen.remove((job, reason))
-            else:
-                books.add(job.tenant, job.demand, -1)
-        return chosen
+            if may_take(job):
+                resize(job, size[job.key], 0)
+                size[job.key] = 0
+                take(job, reason)
+        if not fits():
+            return None  # even all of them would not make room: take from nobody
+        for job, _ in reversed(list(taken.values())):  # give back every node and job not needed after all
+            while size[job.key] < _size(job):
+                bigger = _grown_size(job, size[job.key])
+                resize(job, size[job.key], bigger)
+                if not fits():
+                    resize(job, bigger, size[job.key])
+                    break
+                size[job.key] = bigger
+        return [(job, reason, size[job.key]) for job, reason in taken.values() if size[job.key] != _size(job)]
     finally:
-        for job, _ in chosen:
-            books.add(job.tenant, job.demand)
+        for key, nodes in size.items():
+            job = running[key]
+            resize(job, nodes, _size(job))
         for tenant, demand in freeing.items():
             books.add(tenant, demand)
+
+
+def _base(job: Running) -> int:
+    """The size below which a job's nodes are its own, not lent by the queue."""
+    if job.elastic is None:
+        return 1
+    return job.elastic.nodes if job.base_nodes is None else job.base_nodes
+
+
+def _size(job: Running) -> int:
+    """A job's size now in nodes (a rigid job's one size counts as 1: all of it)."""
+    return 1 if job.elastic is None else job.elastic.nodes
+
+
+def _held_at(job: Running, nodes: int) -> Demand:
+    """What `job` holds at `nodes` (0: nothing, preempted)."""
+    if nodes == 0:
+        return Demand()
+    return job.demand if job.elastic is None else demand_at(job, nodes)
+
+
+def _grown_size(job: Running, nodes: int) -> int:
+    """The next size up from `nodes` when giving back: from nothing to its minimum, then a node at a time."""
+    if nodes == 0:
+        return 1 if job.elastic is None else job.elastic.min_nodes
+    return nodes + 1
 
 
 def _order(job: Running) -> int:

@@ -2,7 +2,8 @@
 
 One pass (`run_once`) is one database transaction under the dispatch lock, so passes of two API replicas on
 one PostgreSQL never interleave and never admit past a quota. Passes are plain calls, so tests drive them step
-by step; `Dispatcher.start()` runs them in a thread, woken early by `wake()` (a submit, a cancel, an exit).
+by step; `Dispatcher.start()` runs them in a thread, woken early by `wake()` (a submit, a cancel, a trainer's exit: the
+backend's `watch_exits`).
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ class Dispatcher:
     def start(self) -> None:
         if self._leads():
             self.recover()
+        self.backend.watch_exits(self.wake)
         self._thread = threading.Thread(target=self._loop, name="kembed-dispatcher", daemon=True)
         self._thread.start()
 

@@ -74,6 +74,10 @@ class ModelTraining:
     writers: ClassVar[Mapping[str, Writer]] = {}
     """A writer for each export format the kind adds (its contract half's `export_formats`)."""
 
+    kernel_modules: ClassVar[tuple[str, ...]] = ()
+    """Modules of the kind's numba kernels compiled with `cache=True`, each with a `warm()` that compiles them for
+    the argument types training passes: the platform compiles them once for every job (kembed_trainer.kernel_cache)."""
+
     def dense_model(self, cfg: config.TrainerConfig) -> nn.Module:
         """The dense part: `forward(dense [B, num_dense], pooled: one [B, features, dim] per width) -> [B]`
         scores, on top of the shared `EmbeddingCollection` (the sparse part)."""
@@ -83,8 +87,9 @@ class ModelTraining:
         return build_task(cfg)
 
     def compiled_step(self, cfg: config.TrainerConfig, *, data: Any, embeddings: EmbeddingCollection,
-                      total_steps: int, rank: int, world_size: int) -> CompiledStep | None:
-        """A step of its own instead of the batch/autograd loop's (no dense optimizer, no sparse one)."""
+                      model: nn.Module, total_steps: int, rank: int, world_size: int) -> CompiledStep | None:
+        """A step of its own instead of the batch/autograd loop's (no dense optimizer, no sparse one); `model`
+        is the dense model, unwrapped, whose parameters the step may move in place (they are checkpointed)."""
         return None
 
     def evaluator(self, cfg: config.TrainerConfig, *, model: nn.Module, embeddings: EmbeddingCollection,

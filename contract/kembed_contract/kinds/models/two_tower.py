@@ -46,6 +46,13 @@ class TwoTowerConfig(ModelKind):
     loss: Literal["mse", "bce"] = Field(
         "mse", description="mse: explicit ratings (eval RMSE); bce: implicit 0/1 feedback (eval AUC)."
     )
+    step: Literal["auto", "compiled", "autograd"] = Field(
+        "auto",
+        description="How a step trains. compiled: per-rating SGD in compiled code on the tables in place, as "
+        "Surprise's SVD (plain matrix factorisation with mse, sgd, in-memory tables; refused otherwise); "
+        "autograd: batches through autograd and the optimizers (any two_tower model); auto: compiled where it "
+        "can train the config on CPU tables, else autograd.",
+    )
 
     docs: ClassVar[str] = "trainer.md#two_tower"
     defaults_by_task: ClassVar = {
@@ -64,6 +71,23 @@ class TwoTowerConfig(ModelKind):
         CLICKS: CLICKS_DEFAULTS,
     }
 
+    def compiled_unfit(self, cfg: TrainerConfig) -> str | None:
+        """Why the compiled step cannot train `cfg` (None: it can). It implements one model and one optimizer
+        exactly: the dot product of summed rows (and their biases) under squared error, moved by plain SGD with
+        weight decay, on tables held whole in every rank's memory."""
+        if self.tower_mlp:
+            return "the towers have an MLP"
+        if self.loss != "mse":
+            return f"loss {self.loss!r} (it trains mse)"
+        if cfg.optimizer.sparse.name != "sgd":
+            return f"optimizer.sparse.name {cfg.optimizer.sparse.name!r} (it runs sgd)"
+        if cfg.sparsity is not None:
+            return "sparsity masks the dense weights"
+        for t in cfg.embeddings.tables:
+            if cfg.embeddings.is_sharded(t) or t.admit_after:
+                return f"table {t.name!r} is sharded, tiered, dynamic or admits ids late"
+        return None
+
     @property
     def task(self) -> str:
         """Ratings with mse (real-valued labels), clicks with bce (implicit 0/1 feedback)."""
@@ -80,6 +104,8 @@ class TwoTowerConfig(ModelKind):
             raise ValueError("two_tower: user_features + item_features must name each table feature once")
         if len({t.embedding_dim for t in cfg.embeddings.tables}) != 1:
             raise ValueError("two_tower: all tables need the same embedding_dim")
+        if self.step == "compiled" and (unfit := self.compiled_unfit(cfg)):
+            raise ValueError(f"model.step: compiled cannot train this config: {unfit}; use auto or autograd")
 
     def eval_metrics(self, cfg: TrainerConfig) -> frozenset[str]:
         """Clicks add recall@k: each held-out positive's item ranked among the held-out items."""

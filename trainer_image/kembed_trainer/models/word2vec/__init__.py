@@ -25,12 +25,13 @@ __all__ = ["KIND", "Word2VecTraining"]
 
 class Word2VecTraining(ModelTraining):
     writers = {"word2vec-text": formats.write_text, "word2vec-binary": formats.write_binary}
+    kernel_modules = ("kembed_trainer.models.word2vec.sgns_kernel",)
 
     def dense_model(self, cfg: config.TrainerConfig) -> nn.Module:
         return SkipGram(features=cfg.embeddings.features)
 
-    def compiled_step(self, cfg: config.TrainerConfig, *, data: Any, embeddings: Any, total_steps: int, rank: int,
-                      world_size: int) -> CompiledStep:
+    def compiled_step(self, cfg: config.TrainerConfig, *, data: Any, embeddings: Any, model: nn.Module,
+                      total_steps: int, rank: int, world_size: int) -> CompiledStep:
         """Compiled code straight on the tables: no batches, no autograd, no optimizer."""
         # numba only where it is used: other models start faster.
         from kembed_trainer.models.word2vec import sgd

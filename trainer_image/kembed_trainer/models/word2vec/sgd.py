@@ -55,10 +55,9 @@ class SkipGramSGD:
         self.lr_scale = (tables[CENTER].lr_scale, tables[CONTEXT].lr_scale)
         # The step's sentences (data.train_sentences): word ids, and where each sentence starts.
         self.tokens, self.offsets = np.zeros(0, np.int64), np.zeros(1, np.int64)
-        # Kernel forms of the data's distributions: keep when keep >= a uniform uint32; noise by bisection.
+        # Kernel forms of the data's distributions: keep when keep >= a uniform uint32; noise by the alias method.
         self.keep = np.minimum(data.keep_prob.numpy() * 2.0**32, 2.0**32 - 1).astype(np.uint32)
-        cdf = data.noise_cdf.numpy()
-        self.cum_table = np.round(cdf / cdf[-1] * sgns_kernel.CUM_TABLE_DOMAIN).astype(np.int64)
+        self.noise_accept, self.noise_alias = sgns_kernel.noise_tables(np.diff(data.noise_cdf.numpy(), prepend=0.0))
         self.window, self.negatives = data.cfg.window, data.cfg.negatives
         self.threads = threads
         self.pool = concurrent.futures.ThreadPoolExecutor(threads) if threads > 1 else None
@@ -74,7 +73,8 @@ class SkipGramSGD:
             self.center,
             self.context,
             self.keep,
-            self.cum_table,
+            self.noise_accept,
+            self.noise_alias,
             self.window,
             self.negatives,
             lr_first,

@@ -1,6 +1,11 @@
 """`two_tower`'s trainer half: two towers (user, item) over pooled embeddings, matrix factorisation when the
 towers have no MLP; recall@k at each eval for implicit feedback. Its contract half:
-`kembed_contract.kinds.models.two_tower`."""
+`kembed_contract.kinds.models.two_tower`.
+
+Matrix factorisation of ratings trains by default in compiled code (`sgd`, `mf_kernel`: per-rating SGD as
+Surprise's SVD runs it) rather than through the batch/autograd loop, whose per-step overhead dwarfs a batch of
+ratings' arithmetic; `model.step` chooses, and the contract half says which configs the kernel can train.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from torch import nn
 from kembed_contract import trainer_config as config
 from kembed_contract.kinds.models.two_tower import TwoTowerConfig
 from kembed_trainer import dist, metrics
-from kembed_trainer.models.base import Evaluator, ModelTraining
+from kembed_trainer.models.base import CompiledStep, Evaluator, ModelTraining
 from kembed_trainer.models.layers import mlp
 
 __all__ = ["KIND", "TwoTower", "TwoTowerTraining"]
@@ -48,9 +53,26 @@ class TwoTower(nn.Module):
 
 
 class TwoTowerTraining(ModelTraining):
+    kernel_modules = ("kembed_trainer.models.two_tower.mf_kernel",)
+
     def dense_model(self, cfg: config.TrainerConfig) -> nn.Module:
         return TwoTower(cfg.model, features=cfg.embeddings.features,
                         embedding_dim=cfg.embeddings.tables[0].embedding_dim)
+
+    def compiled_step(self, cfg: config.TrainerConfig, *, data: Any, embeddings: Any, model: nn.Module,
+                      total_steps: int, rank: int, world_size: int) -> CompiledStep | None:
+        """Per-rating SGD in compiled code where `model.step` and the config allow it (tables in CPU memory)."""
+        step, unfit = cfg.model.step, cfg.model.compiled_unfit(cfg)
+        on_cpu = embeddings.device.type == "cpu"
+        if step == "compiled" and not on_cpu:
+            raise ValueError("model.step: compiled trains tables in CPU memory; use auto or autograd on a GPU")
+        if step == "autograd" or unfit or not on_cpu:
+            return None
+        # numba only where it is used: other models start faster.
+        from kembed_trainer.models.two_tower import sgd
+
+        return sgd.RatingsSGD(cfg, data, embeddings, global_bias=model.global_bias, total_steps=total_steps,
+                              world_size=world_size)
 
     def evaluator(self, cfg: config.TrainerConfig, *, model: nn.Module, embeddings: Any, data: Any, guard: Any,
                   device: torch.device) -> Evaluator | None:
