@@ -101,3 +101,21 @@ def test_planted_ratings_are_learnt_and_a_resume_from_a_delta_replays_the_run(tm
     assert list(again) == list(range(81, total + 1))
     assert again == {s: losses[s] for s in again}  # bit for bit
     assert resumed[-1]["eval"]["rmse"] == rmse
+
+
+def test_a_compiled_steps_checkpoint_resumes_on_the_batch_path(tmp_path):
+    """A compiled step keeps no dense optimizer state; the batch path (where `auto` falls back, on a GPU) resumes
+    its checkpoint all the same, with the global bias it learnt and a fresh dense optimizer."""
+    write_planted_ratings(tmp_path / "ratings.parquet", num_ratings=6000)
+    cfg = ratings_config(tmp_path / "ratings.parquet")
+    cfg["checkpoint"] = {"uri": f"file://{tmp_path}/ckpt", "every_steps": 20}
+    code, compiled, stderr = run_trainer(write_config(tmp_path / "compiled.yaml", cfg))
+    assert code == 0, stderr
+    cfg["training"] = {**cfg["training"], "epochs": 6}
+    cfg["model"] = {**cfg["model"], "step": "autograd"}
+    code, resumed, stderr = run_trainer(write_config(tmp_path / "autograd.yaml", cfg))
+    assert code == 0, stderr
+    assert resumed[0]["resumed_from"].endswith(f"/step-{compiled[0]['total_steps']}")
+    first = next(r for r in resumed if r["event"] == "progress")
+    # Picked up where the compiled step left off (a global bias at zero would cost the mean rating, ~3.5, squared).
+    assert first["loss"] < 2 * compiled[-1]["eval"]["rmse"] ** 2, first

@@ -11,7 +11,12 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.nn.parallel import DistributedDataParallel
 
 from kembed_contract import runtime
@@ -81,19 +86,6 @@ class Trainer:
         if isinstance(self.model, DistributedDataParallel) and cfg.distributed.grad_compression != "none":
             hook = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}
             self.model.register_comm_hook(dist.group.WORLD, hook[cfg.distributed.grad_compression])
-        opt = cfg.optimizer.dense
-        optim_cls = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
-        self.optimizer = (
-            optim_cls(
-                self.model.parameters(),
-                lr=opt.lr,
-                betas=(opt.beta1, opt.beta2),
-                weight_decay=opt.weight_decay,
-                fused=env.device.type in _FUSED_OPTIMIZER_DEVICES,  # one kernel per step instead of one per op
-            )
-            if has_params
-            else None
-        )
         self.checkpointer = (
             checkpoint.Checkpointer(
                 cfg.checkpoint.uri, keep=cfg.checkpoint.keep, is_main=env.is_main, guard=guard,
@@ -107,6 +99,11 @@ class Trainer:
             self.compiled = self.kind.compiled_step(cfg, data=self.data, embeddings=self.embeddings, model=dense,
                                                     total_steps=self.total_steps, rank=env.rank,
                                                     world_size=env.world_size)
+        # A compiled step moves the dense parameters itself: the dense optimizer is built only for the batch path
+        # (torch.optim's first use imports torch._dynamo, a second of every job's start).
+        self.has_dense_params = has_params
+        self.optimizer = _dense_optimizer(self.model, cfg.optimizer.dense, env.device) \
+            if has_params and self.compiled is None else None
         self.step = 0
         self._last_eval: dict | None = None
         self._last_eval_step: int | None = None
@@ -303,6 +300,8 @@ class Trainer:
             state["data"] = self._ahead.state_dict()  # the reader's position: a resume continues the epoch
         if self.optimizer is not None:
             state["model"], state["optimizer"] = get_state_dict(self.model, self.optimizer)
+        elif self.has_dense_params:  # moved by a compiled step: no optimizer state
+            state["model"] = get_model_state_dict(self.model)
         return state
 
     def restore(self) -> str | None:
@@ -311,7 +310,9 @@ class Trainer:
         state = self.state_dict()
         # Checkpoints written before the best eval (or the data's position) was kept lack it: they resume with no
         # best yet (and the data's position counted from the step, as if no run before had another world size).
-        step = self.checkpointer.load_latest(state, optional=("trainer.best", "data"),
+        # A compiled step's checkpoints hold no dense optimizer state: the batch path resuming one (a GPU where the
+        # CPU ran the compiled step) starts its dense optimizer afresh.
+        step = self.checkpointer.load_latest(state, optional=("trainer.best", "data", "optimizer"),
                                              sinks=self.embeddings.tier_fields())
         if step is None:
             return None
@@ -332,6 +333,8 @@ class Trainer:
                 model_state_dict=state["model"],
                 optim_state_dict=state["optimizer"],
             )
+        elif "model" in state:
+            set_model_state_dict(self.model, state["model"])
         self.step = int(state["trainer"]["step"])
         if self.cfg.evaluation.keep_best:
             self.checkpointer.pinned_step = self.best.best_step
@@ -431,6 +434,13 @@ class Trainer:
 
 
 _FUSED_OPTIMIZER_DEVICES = ("cpu", "cuda")  # where torch's Adam and AdamW have a fused kernel
+
+
+def _dense_optimizer(model: torch.nn.Module, opt: config.DenseOptimizerConfig,
+                     device: torch.device) -> torch.optim.Optimizer:
+    optim_cls = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
+    return optim_cls(model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay,
+                     fused=device.type in _FUSED_OPTIMIZER_DEVICES)  # one kernel per step instead of one per op
 
 
 def _phase(name: str) -> torch.profiler.record_function:
