@@ -36,7 +36,8 @@ def test_a_tiered_job_keeps_its_tier_in_its_folder_of_the_data_dir_and_trains_to
     job = server.client.submit(spec)
     assert job["estimates"]["tier_cache_rows_per_rank"] == {"t0": 1000}  # memory enough for its 1000 rows a rank
     folder = server.data_dir / "jobs" / job["id"] / "local"
-    # The tiered loops compile at each rank's start (numba's cache is the job's own): minutes on a loaded machine.
+    # The ranks load the tiered kernels from the server's compiled kernels, but the server builds those at its
+    # start (after an edit of the trainer's source): on a loaded machine that first build alone takes minutes.
     with frozen(job["id"], lambda: server.client.logs(job["id"]), after_step=10, timeout_s=600):
         tiers = {f for f in _held_files(trainer_pids(job["id"])) if "kembed-tier-" in f}
         assert len(tiers) == 2, tiers  # t0's rows of each of the two ranks

@@ -12,9 +12,11 @@ and write would let one tenant's job leave code that another tenant's job loads.
   it did not build (another CPU, other argument types) is compiled and saved into the job's folder, replacing the
   link rather than writing through it, so the platform's files stay as they are.
 
-The modules with cached kernels are the kinds' own (`kernel_modules` of a model kind's trainer half, gathered by
-kembed_trainer.kinds.kernel_modules); each has a `warm()` that compiles its kernels for the argument types
-training passes them. Stdlib only at import: the launcher runs `expose` before torch or numba.
+The modules with cached kernels are the kinds' own (`kernel_modules` of a model kind's or a table kind's trainer
+half, gathered by kembed_trainer.kinds.kernel_modules); each has a `warm()` that compiles its kernels for the
+argument types training passes them. A job given the platform's kernels warms its table kinds' modules before it
+builds its tables, so that numba's counts in its `started` record cover the kernels its first steps use. Stdlib only at import: the
+launcher runs `expose` before torch or numba.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 
 from kembed_contract.runtime import ENV_KERNEL_CACHE
 
-__all__ = ["build", "cache_key", "ensure", "expose", "link", "stats"]
+__all__ = ["build", "cache_key", "ensure", "expose", "link", "stats", "warm"]
 
 _NUMBA_CACHE_DIR = "NUMBA_CACHE_DIR"  # numba's own name for where its cache is
 _PACKAGE = Path(__file__).resolve().parent
@@ -57,8 +59,7 @@ def build(folder: Path) -> None:
     os.environ[_NUMBA_CACHE_DIR] = str(folder)
     from kembed_trainer import kinds
 
-    for module in kinds.kernel_modules():
-        importlib.import_module(module).warm()
+    warm(kinds.kernel_modules())
     for path in sorted(folder.rglob("*"), reverse=True):  # files before the folders that hold them
         path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH | (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
                                                                   if path.is_dir() else 0))
@@ -118,6 +119,12 @@ def expose(environ: MutableMapping[str, str]) -> str:
         return f"kernel cache {platform} not used ({exc}): kernels compile in the job"
     environ[_NUMBA_CACHE_DIR] = job
     return f"{count} compiled kernel files from {platform}"
+
+
+def warm(modules: Iterable[str]) -> None:
+    """Compile (or load from numba's cache) the kernels of `modules` for the argument types training passes."""
+    for module in modules:
+        importlib.import_module(module).warm()
 
 
 def stats(modules: Iterable[str]) -> dict[str, int]:

@@ -47,8 +47,12 @@ def data_source(cfg: config.TrainerConfig, *, rank: int, world_size: int, guard:
 
 def table(table_cfg: config.TableConfig) -> TableStorage:
     """How a table of `table_cfg`'s kind is held."""
-    kind = _half("tables", kinds.table_kind(table_cfg).kind_name()).KIND
-    assert isinstance(kind, TableStorage), f"kembed_trainer.tables.{kinds.table_kind(table_cfg).kind_name()}.KIND"
+    return _table(kinds.table_kind(table_cfg).kind_name())
+
+
+def _table(name: str) -> TableStorage:
+    kind = _half("tables", name).KIND
+    assert isinstance(kind, TableStorage), f"kembed_trainer.tables.{name}.KIND"
     return kind
 
 
@@ -57,6 +61,11 @@ def export_writers() -> dict[str, Writer]:
     return {fmt: writer for name in kinds.MODELS for fmt, writer in model(name).writers.items()}
 
 
-def kernel_modules() -> list[str]:
-    """Every module with cached numba kernels, of every model kind (what kembed_trainer.kernel_cache compiles)."""
-    return sorted({module for name in kinds.MODELS for module in model(name).kernel_modules})
+def kernel_modules(cfg: config.TrainerConfig | None = None) -> list[str]:
+    """Every module with cached numba kernels, of every model kind and table kind (what kembed_trainer.kernel_cache
+    compiles); of `cfg`'s model kind and the kinds of its tables alone when given (what a job may use)."""
+    if cfg is None:
+        halves = [*(model(name) for name in kinds.MODELS), *(_table(name) for name in kinds.TABLES)]
+    else:
+        halves = [model(cfg.model.kind), *(table(t) for t in cfg.embeddings.tables)]
+    return sorted({module for half in halves for module in half.kernel_modules})

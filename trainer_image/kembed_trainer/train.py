@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 import weakref
@@ -61,6 +62,9 @@ class Trainer:
                guard: storage.Guard) -> None:
         self.cfg, self.env, self.reporter = cfg, env, reporter
         torch.manual_seed(cfg.training.seed)  # the same dense init on every rank
+        if os.environ.get(runtime.ENV_KERNEL_CACHE):  # the platform's kernels: all loaded before the tables use them
+            with self.clock.phase("imports"):  # (without them, each kernel compiles where first used, not all here)
+                kernel_cache.warm(sorted({m for t in cfg.embeddings.tables for m in kinds.table(t).kernel_modules}))
         self.embeddings = embedding.EmbeddingCollection(
             cfg.embeddings,
             cfg.optimizer.sparse,
@@ -145,7 +149,7 @@ class Trainer:
             embedding_mb=round(self.embeddings.num_bytes / 2**20, 3),
             dataset=self.dataset,
             seconds=self.clock.seconds(),
-            **({"kernels": kernels} if any((kernels := kernel_cache.stats(self.kind.kernel_modules)).values()) else {}),
+            **({"kernels": kernels} if any((kernels := kernel_cache.stats(kinds.kernel_modules(self.cfg))).values()) else {}),
         )
         with self.clock.phase("training"):  # its evals and saves count as theirs (nested phases)
             if (stopped := self._loop(total)) is not None:

@@ -32,7 +32,7 @@ from kembed_trainer.data import rows as data_rows
 from kembed_trainer.dynamic import index as dyn_index
 from kembed_trainer.tiered import table as tiered_table
 
-__all__ = ["DynamicGroup", "DynamicTieredGroup", "initial_vectors"]
+__all__ = ["DynamicGroup", "DynamicTieredGroup", "initial_vectors", "warm"]
 
 
 def initial_vectors(ids: np.ndarray, dim: int, bound: float, *, seed: int, table: int) -> torch.Tensor:
@@ -48,7 +48,7 @@ def _salt(seed: int, table: int) -> int:
     return data_rows.hash_string(f"dynamic:{seed}:{table}")
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _uniform_rows(ids, salt, bound, out):
     """out[i, j] = U(-bound, bound) from splitmix64 of (ids[i], j) and the salt: a counter-based generator."""
     dim = out.shape[1]
@@ -368,3 +368,9 @@ def _to_owners(ints: torch.Tensor, floats: torch.Tensor, world_size: int) -> tup
     if floats.shape[1]:
         dist.all_to_all_single(out_floats, floats[order].contiguous(), recv_counts, send_counts)
     return out_ints, out_floats
+
+
+def warm() -> None:
+    """Compile `_uniform_rows` for the argument types `initial_vectors` passes, on no ids
+    (kembed_trainer.kernel_cache builds the platform's cache with this)."""
+    initial_vectors(np.empty(0, np.int64), 1, 0.5, seed=0, table=0)

@@ -26,7 +26,7 @@ from kembed_contract import trainer_config as config
 from kembed_trainer import dynamic
 from kembed_trainer.tiered import cache as policy
 
-__all__ = ["EMPTY", "NUM_BUCKETS", "SHARED", "DynamicIndex", "bucket_of", "owner_of"]
+__all__ = ["EMPTY", "NUM_BUCKETS", "SHARED", "DynamicIndex", "bucket_of", "owner_of", "warm"]
 
 EMPTY, SHARED = dynamic.EMPTY, dynamic.SHARED
 NUM_BUCKETS = 1 << 12  # ids' owners are ranges of buckets: at most this many ranks own ids
@@ -34,7 +34,7 @@ BLOOM_HASHES = 3  # counters per id in its bucket's block of the filter
 _NOT_FOUND = np.iinfo(np.int64).min
 
 
-@numba.njit(nogil=True, inline="always")
+@numba.njit(nogil=True, inline="always", cache=True)
 def _mix(x):
     """splitmix64's finaliser on an int64's bits (uint64 arithmetic)."""
     z = np.uint64(x) + np.uint64(0x9E3779B97F4A7C15)
@@ -43,7 +43,7 @@ def _mix(x):
     return z ^ (z >> np.uint64(31))
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _buckets(ids: np.ndarray) -> np.ndarray:
     out = np.empty(ids.shape[0], np.int64)
     for i in range(ids.shape[0]):
@@ -67,7 +67,7 @@ def owner_of(ids: np.ndarray, world_size: int) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------- the hash map
 # Open addressing with linear probing; deletions shift the probe run back (no tombstones). Values: a row (>= 0)
 # or a waiting id's slot p as -(p + 1).
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _slot(keys, key):
     mask = keys.shape[0] - 1
     h = np.int64(_mix(key ^ 0x5851F42D4C957F2D) & np.uint64(mask))
@@ -76,20 +76,20 @@ def _slot(keys, key):
     return h
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _get(keys, values, key):
     h = _slot(keys, key)
     return values[h] if keys[h] == key else _NOT_FOUND
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _put(keys, values, key, value):
     h = _slot(keys, key)
     keys[h] = key
     values[h] = value
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _delete(keys, values, key):
     mask = keys.shape[0] - 1
     i = _slot(keys, key)
@@ -111,13 +111,13 @@ def _delete(keys, values, key):
     keys[i] = EMPTY
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _lookup(keys, values, ids, out):
     for i in range(ids.shape[0]):
         out[i] = _get(keys, values, ids[i])
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _rebuild(keys, values, row_ids, pending_ids):
     keys[:] = EMPTY
     for r in range(row_ids.shape[0]):
@@ -129,7 +129,7 @@ def _rebuild(keys, values, row_ids, pending_ids):
 
 
 # ----------------------------------------------------------------------------------------------- one step
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _expire(keys, values, ids, last, changed, free, p_ids, p_last, p_changed, step, ttl):
     """Free the rows (and forget the waiting ids) not looked up in more than `ttl` steps; rows freed."""
     freed = 0
@@ -149,7 +149,7 @@ def _expire(keys, values, ids, last, changed, free, p_ids, p_last, p_changed, st
     return freed
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _use(found, count, last, changed, step, halve_every):
     """Count a use of every row found (>= 0)."""
     for v in found:
@@ -160,7 +160,7 @@ def _use(found, count, last, changed, step, halve_every):
             changed[v] = True
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _count_waiting(keys, values, ids, found, admit, p_ids, p_count, p_last, p_changed, admit_after, step):
     """Counter admission: ids seen in `admit_after` earlier batches are admitted (`admit`); the others' counts
     rise (a new one takes the lowest free slot; with none free, the least seen waiting ids not seen this step
@@ -207,7 +207,7 @@ def _count_waiting(keys, values, ids, found, admit, p_ids, p_count, p_last, p_ch
     return forgotten
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _bloom_positions(key, block):
     h = _mix(key ^ 0x2545F4914F6CDD1D)
     a = np.int64(h % np.uint64(block))
@@ -218,7 +218,7 @@ def _bloom_positions(key, block):
     return out
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _count_in_filter(ids, found, admit, filt, filt_changed, first_bucket, admit_after):
     """Bloom admission (a counting Bloom filter read as a count-min sketch, updated conservatively): an id whose
     smallest counter reached `admit_after` is admitted; otherwise its smallest counters rise by one."""
@@ -240,7 +240,7 @@ def _count_in_filter(ids, found, admit, filt, filt_changed, first_bucket, admit_
         filt_changed[b] = True
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _place(keys, values, ids, admit, found, rows_ids, count, last, changed, free, p_ids, p_changed, step,
            halve_every, reserve):
     """Give the admitted ids rows, lowest free rows first; when too few are free, evict the least used rows not
@@ -294,7 +294,7 @@ def _place(keys, values, ids, admit, found, rows_ids, count, last, changed, free
     return evicted, new_rows[:placed]
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _take_in(keys, values, rows_ids, count, last, changed, free, ids, counts, lasts):
     """Place rows moved here from another rank (a restore at another world size), lowest free rows first: the
     rows they took (-1 where none was free)."""
@@ -451,3 +451,29 @@ class DynamicIndex:
         self.pending_changed[free] = True
         for p, key in zip(free.tolist(), ids[:n].tolist(), strict=True):
             _put(self.keys, self.values, key, -(p + 1))
+
+
+def warm() -> None:
+    """Compile every kernel here for the argument types training passes them, through `DynamicIndex` itself on a
+    table of two rows: arrays of the dtypes `dynamic.group` gives the index, ids and steps as a step's lookup, a
+    restore and a resharding pass them (kembed_trainer.kernel_cache builds the platform's cache with this).
+    Counter admission with a time to live, then Bloom admission: between them every kernel runs once."""
+    n = 2
+    rows = {"row_ids": np.full(n, EMPTY, np.int64), "use_count": np.zeros(n, np.int32),
+            "last_used": np.zeros(n, np.int32), "changed": np.zeros(n, np.bool_)}
+    counter = config.TableConfig(name="t", features=["f"], admit_after=1, dynamic={"capacity": 1, "ttl_steps": 1})
+    index = DynamicIndex(counter, rank=0, world_size=1, arrays=rows | {
+        "pending_ids": np.full(n, EMPTY, np.int64), "pending_count": np.zeros(n, np.int32),
+        "pending_last": np.zeros(n, np.int32), "pending_changed": np.zeros(n, np.bool_)})
+    none, one = np.empty(0, np.int64), np.zeros(1, np.int32)
+    index.resolve(none, 0)  # _expire, _lookup, _use, _count_waiting, _place
+    index.find(none)
+    index.rebuild()
+    index.take_in(none, one[:0], one[:0])
+    index.take_in_waiting(np.array([7], np.int64), one, one)  # _put
+    index.strays()  # _buckets
+    bloom = config.TableConfig(name="t", features=["f"], admit_after=1,
+                               dynamic={"capacity": 1, "admission": "bloom", "bloom_counters": NUM_BUCKETS})
+    DynamicIndex(bloom, rank=0, world_size=1, arrays=rows | {
+        "bloom": np.zeros((NUM_BUCKETS, 1), np.uint8), "bloom_changed": np.zeros(NUM_BUCKETS, np.bool_),
+    }).resolve(none, 0)  # _count_in_filter

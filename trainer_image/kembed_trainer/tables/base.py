@@ -8,7 +8,7 @@ looked up, updated and checkpointed by `embedding.EmbeddingCollection` through t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -21,6 +21,11 @@ __all__ = ["TableStorage"]
 
 
 class TableStorage:
+    kernel_modules: ClassVar[tuple[str, ...]] = ()
+    """Modules of the kind's numba kernels compiled with `cache=True`, each with a `warm()` that compiles them for
+    the argument types training passes, as a model kind's (`models.base.ModelTraining.kernel_modules`): the
+    platform compiles them once for every job (kembed_trainer.kernel_cache)."""
+
     def group_key(self, table: config.TableConfig) -> object:
         """What, besides its kind and width, puts a table in a group of its own (tables of one kind that are
         held two ways)."""

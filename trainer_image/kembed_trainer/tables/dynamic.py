@@ -6,12 +6,16 @@ from __future__ import annotations
 import torch
 
 from kembed_contract import trainer_config as config
+from kembed_trainer.tables import tiered
 from kembed_trainer.tables.base import TableStorage
 
 __all__ = ["KIND", "Dynamic"]
 
 
 class Dynamic(TableStorage):
+    # A dynamic table with a tier keeps its rows in the tiered kind's group (`DynamicTieredGroup`): its kernels too.
+    kernel_modules = ("kembed_trainer.dynamic.group", "kembed_trainer.dynamic.index", *tiered.KIND.kernel_modules)
+
     def group_key(self, table: config.TableConfig) -> object:
         return table.tier is not None  # tiered dynamic tables and in-memory ones: two groups
 

@@ -12,6 +12,8 @@ __all__ = ["KIND", "Tiered"]
 
 
 class Tiered(TableStorage):
+    kernel_modules = ("kembed_trainer.tiered.cache", "kembed_trainer.tiered.store", "kembed_trainer.tiered.table")
+
     def group(self, tables: list[config.TableConfig], sharded: list[bool], *, device: torch.device,
               gen: torch.Generator, seed: int, table_ids: list[int], optimizer: str, rank: int, world_size: int):
         from kembed_trainer.tiered import table  # numba only where it is used: other jobs start faster

@@ -26,7 +26,7 @@ import numpy as np
 
 from kembed_contract import sizing
 
-__all__ = ["EVICT_SHARE", "HALVE_EVERY", "MAX_COUNT", "USE", "Plan", "SlotCache", "aged", "least_used", "simulate"]
+__all__ = ["EVICT_SHARE", "HALVE_EVERY", "MAX_COUNT", "USE", "Plan", "SlotCache", "aged", "least_used", "simulate", "warm"]
 
 MAX_COUNT = 65535
 USE = 16  # a use adds this: halving keeps 4 bits of the order among rarely used rows
@@ -86,7 +86,7 @@ class SlotCache:
         return np.flatnonzero(self.dirty[: self.capacity]).astype(np.int64)
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def least_used(slot_count: np.ndarray, need: int, hand: int) -> tuple[np.ndarray, int]:
     """The policy's victims: `need` slots (fewer if fewer are evictable) with the lowest counts among the slots
     whose `slot_count` is not negative (negative: not evictable), found by a histogram of the counts and one
@@ -125,7 +125,7 @@ def least_used(slot_count: np.ndarray, need: int, hand: int) -> tuple[np.ndarray
     return victims, hand
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def aged(count: int, last_used: int, now: int, halve_every: int) -> int:
     """A count kept lazily (a dynamic table's rows): `count` as of step `last_used`, halved once for every
     multiple of `halve_every` passed since, as the cache halves all its counts at once."""
@@ -133,7 +133,7 @@ def aged(count: int, last_used: int, now: int, halve_every: int) -> int:
     return count >> halvings if halvings < 16 else 0
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _plan(rows, slot_of_row, row_of_slot, count, pin, dirty, free, state, gen, floor, do_count, halve_every):
     n = rows.shape[0]
     capacity = row_of_slot.shape[0]
@@ -216,3 +216,10 @@ def simulate(num_rows: int, capacity: int, offsets: np.ndarray, rows: np.ndarray
         cache.dirty[plan.fetch_slots] = True  # as if every row were updated: write-backs are counted, not done
         hits[s] = plan.num_hits
     return hits
+
+
+def warm() -> None:
+    """Compile `_plan` (and with it `least_used`, which it calls) for the argument types `SlotCache.plan` passes,
+    on no rows (kembed_trainer.kernel_cache builds the platform's cache with this). `aged` and `least_used` are
+    also compiled into the dynamic index's kernels, which `dynamic.index.warm` compiles."""
+    SlotCache(1, 1).plan(np.empty(0, np.int64), count=False)

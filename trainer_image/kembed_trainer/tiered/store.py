@@ -22,26 +22,22 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
+from numba import types
 
-__all__ = ["RowFile"]
+__all__ = ["RowFile", "warm"]
 
-_libc = ctypes.CDLL(None, use_errno=True)
-# Buffers are passed as integer addresses (size_t), as the x86-64 and AArch64 calling conventions pass pointers.
-_pread = _libc.pread
-_pread.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int64]
-_pread.restype = ctypes.c_int64
-_pwrite = _libc.pwrite
-_pwrite.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int64]
-_pwrite.restype = ctypes.c_int64
-_fadvise = _libc.posix_fadvise
-_fadvise.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
-_fadvise.restype = ctypes.c_int
+# libc's calls, named by symbol (resolved when the kernel is linked): a kernel holding ctypes' function pointers
+# would embed their addresses, which differ in each process, so numba would not cache it. Buffers are passed as
+# integer addresses (size_t), as the x86-64 and AArch64 calling conventions pass pointers.
+_pread = types.ExternalFunction("pread", types.int64(types.intc, types.uintp, types.uintp, types.int64))
+_pwrite = types.ExternalFunction("pwrite", types.int64(types.intc, types.uintp, types.uintp, types.int64))
+_fadvise = types.ExternalFunction("posix_fadvise", types.intc(types.intc, types.int64, types.int64, types.intc))
 _WILLNEED = 3  # POSIX_FADV_WILLNEED (Linux)
 
 _MIN_ROWS_PER_THREAD = 2048  # below this a thread's hand-off costs more than its share of the calls
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _ask_ahead(fd: int, rows: np.ndarray, record_bytes: int) -> None:
     """Tell the kernel every run of `rows` will be read (posix_fadvise WILLNEED): it starts reading the pages not
     in the page cache at once, all of them together, so the reads (or a write's read of its page) that follow
@@ -56,7 +52,7 @@ def _ask_ahead(fd: int, rows: np.ndarray, record_bytes: int) -> None:
         i = j
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _move_runs(fd: int, rows: np.ndarray, buf: np.ndarray, record_bytes: int, ahead: bool, write: bool) -> int:
     """pread (or pwrite) each run of consecutive `rows` (sorted) from (or to) the matching rows of `buf`: one call a
     run; 0, or -1 on a failed or short transfer. A write asks ahead too: a record that does not fill its pages
@@ -170,3 +166,9 @@ class RowFile:
             failed = any(f.result() != 0 for f in futures)
         if failed:
             raise OSError(ctypes.get_errno(), f"{'write' if write else 'read'} of {n} rows of {self.path} failed")
+
+
+def warm() -> None:
+    """Compile `_move_runs` (with `_ask_ahead`) for the argument types `RowFile._run` passes, moving no rows
+    (kembed_trainer.kernel_cache builds the platform's cache with this)."""
+    _move_runs(-1, np.empty(0, np.int64), np.empty((0, 1), np.float32), 4, True, False)

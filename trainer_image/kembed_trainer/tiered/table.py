@@ -44,7 +44,7 @@ from kembed_trainer.tiered import cache as tier_cache
 from kembed_trainer.tiered import snapshot as tier_snapshot
 from kembed_trainer.tiered import store as tier_store
 
-__all__ = ["TierStats", "TieredGroup", "cache_rows_of"]
+__all__ = ["TierStats", "TieredGroup", "cache_rows_of", "warm"]
 
 _INIT_CHUNK = 1 << 16  # rows initialised per write: the in-memory tables' seeding block (`embedding._INIT_BLOCK`)
 
@@ -61,13 +61,13 @@ def cache_rows_of(table: config.TableConfig, optimizer: str, world_size: int) ->
 
 # Rows between the cache's tensors and records, in compiled loops on the prefetch thread: one core, the GIL
 # released (torch's indexing there ran on the training threads' cores as well).
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _gather(field: np.ndarray, slots: np.ndarray, out: np.ndarray, first: int) -> None:
     for i in range(slots.shape[0]):
         out[i, first:first + field.shape[1]] = field[slots[i]]
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _scatter(records: np.ndarray, first: int, slots: np.ndarray, field: np.ndarray) -> None:
     for i in range(slots.shape[0]):
         field[slots[i]] = records[i, first:first + field.shape[1]]
@@ -456,3 +456,13 @@ class TableField:
         if rows is None:
             return lambda first, count: self.read(first, count)
         return lambda first, count: self.read(0, count, rows=rows[first:first + count])
+
+
+def warm() -> None:
+    """Compile `_gather` and `_scatter` for the argument types `TieredGroup._records_of` and `_into_slots` pass
+    (a field of the cache as a float32 matrix, int64 slots, float32 records), on no slots
+    (kembed_trainer.kernel_cache builds the platform's cache with this)."""
+    field = np.zeros((1, 1), np.float32)
+    records = np.empty((0, 1), np.float32)
+    _gather(field, np.empty(0, np.int64), records, 0)
+    _scatter(records, 0, np.empty(0, np.int64), field)
