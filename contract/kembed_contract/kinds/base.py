@@ -39,8 +39,8 @@ STREAM_WINDOWS = 3
 
 CLICKS_DEFAULTS: Mapping[str, object] = {"training.epochs": 1, "training.mixed_precision": "auto"}
 """The fields' own defaults (row-wise Adagrad at 0.05, Adam at 1e-3, dim 16, batch 256) and one pass over the
-log, as CTR models train on Criteo's; the dense part in bf16 where the device has bf16 units (DLRM's is faster
-so, at the same AUC over seeds: docs/benchmarks.md, "Trainer: DLRM against TorchRec")."""
+log, as CTR models train on Criteo's; the dense part in bf16 where the device has bf16 units (a click model's
+dense part is faster so, at the same AUC over seeds: docs/benchmarks.md, the trainer against TorchRec)."""
 
 
 class ModelKind(Strict):
