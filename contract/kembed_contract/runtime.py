@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "MAX_RECORDS_PER_REPORT",
     "CHECKPOINT_DELTA",
     "CHECKPOINT_FULL",
     "CHECKPOINT_MARKER",
@@ -105,6 +106,9 @@ EXIT_REASONS = {EXIT_STORAGE_QUOTA: "StorageQuotaExceeded"}
 ENV_JOB_ID = "KEMBED_JOB_ID"  # the API's job id (log lines, process lookup after a server restart)
 ENV_REPORT_URL = "KEMBED_REPORT_URL"  # where rank 0 POSTs its records; unset: stdout only
 ENV_REPORT_TOKEN = "KEMBED_REPORT_TOKEN"  # the per-job bearer token for those POSTs
+# A POST may carry the records queued behind one another as a list, at most this many: a job's reports are rate
+# limited per request, and a fast job's progress records one at a time waited on that limit, not on training.
+MAX_RECORDS_PER_REPORT = 100
 # The tenant's storage policy as JSON (kembed_contract.storage_policy), set by the launcher, never by the config;
 # unset: a trainer run by hand, not limited.
 ENV_STORAGE_POLICY = "KEMBED_STORAGE_POLICY"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from kembed_contract import job_seconds
+from kembed_contract import job_seconds, runtime
 from tests.builders import make_spec
 from tests.cluster.fixture import wait_for
 
@@ -151,6 +151,26 @@ def test_a_record_replayed_after_another_run_reported_is_applied_once(client, ba
     series = client.get(f"/v1/jobs/{job['id']}/metrics", params={"event": "progress"}).json()
     assert [point["values"]["loss"] for point in series] == [0.5, 0.4]
 
+
+
+def test_records_sent_together_are_applied_in_their_order_each_once_and_a_batch_is_bounded(client, backend):
+    """A trainer sends the records queued behind one another in one POST (a job's POSTs are rate limited): each
+    is applied as if sent alone, in order, a replayed one once; an empty list or one over the bound is refused
+    whole and changes nothing."""
+    job = client.post("/v1/jobs", json=make_spec().build()).json()
+    wait_for(lambda: backend.started or client.get("/healthz") and None, what="the job to start")
+    url, auth = f"/v1/jobs/{job['id']}/reports", {"Authorization": f"Bearer {backend.started[0].report_token}"}
+    records = [{"event": "progress", "step": s, "loss": 1.0 / s, "run": "r1", "seq": s} for s in range(1, 6)]
+    records.append({"event": "checkpoint", "step": 5, "uri": "file:///c/step-5", "run": "r1", "seq": 6})
+    assert client.post(url, json=records[:4], headers=auth).status_code == 204
+    assert client.post(url, json=records[2:], headers=auth).status_code == 204  # two of them again
+    too_many = [{"event": "progress", "step": 9, "loss": 0.1}] * (runtime.MAX_RECORDS_PER_REPORT + 1)
+    for refused in ([], too_many):
+        assert client.post(url, json=refused, headers=auth).status_code == 422
+    series = client.get(f"/v1/jobs/{job['id']}/metrics", params={"event": "progress"}).json()
+    assert [point["step"] for point in series] == [1, 2, 3, 4, 5]
+    current = client.get(f"/v1/jobs/{job['id']}").json()
+    assert (current["progress"]["step"], current["checkpoint_step"], current["metrics"]["loss"]) == (5, 5, 0.2)
 
 def test_the_trainer_s_seconds_split_the_job_s_wall_time_and_are_no_metric(client, backend):
     """What a trainer reports of its phases becomes the job's split (kembed_contract.job_seconds), kept to what a

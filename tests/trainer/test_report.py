@@ -10,26 +10,34 @@ from __future__ import annotations
 import io
 import json
 import threading
+import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from kembed_api.platform.ports import free_port
+from kembed_contract import runtime
 from kembed_trainer import report
 
 
 class _Api:
-    """Answers each POST with the next status of `statuses` (then 204), keeping the bodies it acknowledged."""
+    """Answers each POST with the next status of `statuses` (then 204; 422 for a body holding a record `refuse`
+    picks), keeping the records it acknowledged and counting the POSTs."""
 
-    def __init__(self, port: int, statuses: list[int] | None = None) -> None:
+    def __init__(self, port: int, statuses: list[int] | None = None,
+                 refuse: Callable[[dict], bool] = lambda record: False) -> None:
         self.received: list[dict] = []
+        self.posts = 0
         self.statuses = list(statuses or [])
         api = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                status = api.statuses.pop(0) if api.statuses else 204
+                records = body if isinstance(body, list) else [body]  # one record, or several in order
+                api.posts += 1
+                status = api.statuses.pop(0) if api.statuses else 422 if any(map(refuse, records)) else 204
                 if status == 204:
-                    api.received.append(body)
+                    api.received.extend(records)
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -75,13 +83,30 @@ def test_records_survive_refusals_and_an_api_restart_in_order_and_close_waits_fo
 
 def test_a_record_refused_for_good_is_dropped_and_the_next_ones_still_go():
     port = free_port()
-    api = _Api(port, statuses=[422])
+    api = _Api(port, refuse=lambda record: record["event"] == "progress" and record["step"] == 1)
     reporter = _reporter(port)
-    reporter.emit("progress", 1, loss=1.0)
+    reporter.emit("progress", 1, loss=1.0)  # with the others in one POST or alone: only it is refused
+    reporter.emit("progress", 2, loss=0.5)
     reporter.emit("done", 2)
     reporter.close()
     api.stop()
-    assert [r["event"] for r in api.received] == ["done"] and reporter.undelivered == 1
+    assert [(r["event"], r["step"]) for r in api.received] == [("progress", 2), ("done", 2)]
+    assert reporter.undelivered == 1
+
+
+def test_records_queued_behind_one_another_go_together_in_order():
+    """A fast job's records are not held to the API's limit on a job's POSTs (KEMBED_RATE_REPORT_PER_S): those
+    queued while one POST is under way go in the next, at most MAX_RECORDS_PER_REPORT to a POST."""
+    port = free_port()
+    reporter = _reporter(port, max_backoff_s=0.2)
+    for step in range(1, 251):  # nothing listens yet: they queue
+        reporter.emit("progress", step, loss=1.0 / step)
+    time.sleep(0.5)
+    api = _Api(port)
+    reporter.close()
+    api.stop()
+    assert [r["step"] for r in api.received] == list(range(1, 251))
+    assert api.posts <= 1 + -(-249 // runtime.MAX_RECORDS_PER_REPORT), api.posts
 
 
 def test_a_job_that_is_gone_ends_delivery():

@@ -3,7 +3,8 @@
 Reporting must never slow training, so HTTP goes through a background thread; and no record may be lost (a job
 that ended SUCCEEDED with no result and an older checkpoint than its trainer wrote was the cost of dropping
 them). So each record is retried, with a backoff that grows to `max_backoff_s` and no further, until the API
-acknowledges it (2xx), also across an API restart; records go in order, one at a time. `close()` holds the
+acknowledges it (2xx), also across an API restart; records go in order, those queued behind one another in one
+POST (the API rate-limits a job's POSTs, not its records). `close()` holds the
 trainer's exit until every record is delivered (bounded by `flush_s`): the final `checkpoint` and `done`
 records are committed before the trainer exits, and so before the API can see it end.
 
@@ -129,13 +130,32 @@ class Reporter:
                   file=sys.stderr, flush=True)
 
     def _post_loop(self) -> None:
-        gone = False
-        while (record := self._queue.get()) is not _STOP:
-            if gone or not self._deliver(record):
+        gone = stopping = False
+        while not stopping and (record := self._queue.get()) is not _STOP:
+            batch = [record]  # with the records queued behind it: one POST for all (the API limits POSTs per job)
+            while len(batch) < runtime.MAX_RECORDS_PER_REPORT and not self._queue.empty():
+                if (queued := self._queue.get()) is _STOP:
+                    stopping = True
+                    break
+                batch.append(queued)
+            if gone or not self._deliver_all(batch):
                 gone = True
-                self.undelivered += 1
+                self.undelivered += len(batch)
 
-    def _deliver(self, record: dict[str, Any]) -> bool:
+    def _deliver_all(self, batch: list[dict[str, Any]]) -> bool:
+        """Deliver `batch` in one POST; a batch refused for good goes again one record at a time, so that only the
+        record the API refuses is lost. False when delivery should stop."""
+        if len(batch) == 1:
+            return self._deliver(batch[0])
+        refused = self.undelivered
+        if not self._deliver(batch):
+            return False
+        if self.undelivered == refused:
+            return True
+        self.undelivered = refused
+        return all(self._deliver(record) for record in batch)
+
+    def _deliver(self, record: dict[str, Any] | list[dict[str, Any]]) -> bool:
         """Post until acknowledged; False when delivery should stop (the job is gone, or the flush ran out)."""
         headers = {"Content-Type": "application/json"}
         if self._token:

@@ -6,7 +6,7 @@ import json
 import os
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Body, Header, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
@@ -27,7 +27,7 @@ from kembed_api.jobs.schemas import (
     JobRead,
     Neighbour,
     NeighboursRead,
-    ReportRecord,
+    ReportRecords,
 )
 from kembed_api.platform import bodies, errors
 from kembed_api.platform.responses import ModelResponse
@@ -362,7 +362,8 @@ _NOT_THIS_JOBS = "wrong report token: not this job's (a missing job answers alik
 )
 def report(
     job_id: str,
-    record: ReportRecord,
+    records: Annotated[ReportRecords, Body(description="One record, or several in their order (at most "
+                                                        "kembed_contract.runtime.MAX_RECORDS_PER_REPORT).")],
     db: Db,
     authorization: Annotated[str | None, Header(description="Bearer <per-job report token>")] = None,
 ) -> Response:
@@ -384,5 +385,6 @@ def report(
         if job is None or not reports.verify_report_token(job.report_token_hash, token):
             raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail=_NOT_THIS_JOBS,
                                 headers={"WWW-Authenticate": "Bearer"})
-        reports.apply_report(session, job=job, record=record)
+        for record in records if isinstance(records, list) else [records]:
+            reports.apply_report(session, job=job, record=record)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -7,13 +7,13 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from kembed_contract import job_seconds
+from kembed_contract import job_seconds, runtime
 from kembed_contract.lifecycle import JobState
 from kembed_contract.spec import JobSpec
 from kembed_contract.trainer_config import NumbersOnly
 
 __all__ = ["JobCreate", "JobEstimates", "JobEventRead", "JobList", "JobMetricRead", "JobRead", "Neighbour",
-           "NeighboursRead", "Progress", "ReportRecord"]
+           "NeighboursRead", "Progress", "ReportRecord", "ReportRecords"]
 
 JobCreate = JobSpec
 
@@ -136,6 +136,11 @@ class ReportRecord(BaseModel):
                             description="The record's number within its run, from 1: a record of a run is applied "
                             "once, and never after a later one of the same run.")
 
+
+
+ReportRecords = ReportRecord | Annotated[list[ReportRecord],
+                                         Field(min_length=1, max_length=runtime.MAX_RECORDS_PER_REPORT)]
+"""A report's body: one record, or several queued behind one another (applied in their order)."""
 
 class Neighbour(BaseModel):
     key: str = Field(description="The word, or the id (as text).")
