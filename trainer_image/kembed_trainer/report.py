@@ -41,6 +41,8 @@ _STOP = object()
 _RETRYABLE_STATUSES = frozenset({408, 425, 429})
 # Answers that mean this trainer may no longer report at all (a new attempt has its own token, or the job is gone).
 _GONE_STATUSES = frozenset({401, 403, 404})
+# What became of a POST.
+_DELIVERED, _REFUSED, _GONE = "delivered", "refused", "gone"
 
 
 def _finite(value: Any) -> Any:
@@ -138,45 +140,47 @@ class Reporter:
                     stopping = True
                     break
                 batch.append(queued)
-            if gone or not self._deliver_all(batch):
-                gone = True
+            if gone:
                 self.undelivered += len(batch)
+            else:
+                gone = not self._deliver(batch)
 
-    def _deliver_all(self, batch: list[dict[str, Any]]) -> bool:
-        """Deliver `batch` in one POST; a batch refused for good goes again one record at a time, so that only the
-        record the API refuses is lost. False when delivery should stop."""
-        if len(batch) == 1:
-            return self._deliver(batch[0])
-        refused = self.undelivered
-        if not self._deliver(batch):
-            return False
-        if self.undelivered == refused:
+    def _deliver(self, batch: list[dict[str, Any]]) -> bool:
+        """Deliver `batch` in one POST, counting what does not get there; False when delivery should stop. A batch
+        refused for good goes again one record at a time, so that only the record the API refuses is lost."""
+        outcome = self._post(batch if len(batch) > 1 else batch[0])
+        if outcome == _REFUSED and len(batch) > 1:
+            for sent, record in enumerate(batch, 1):
+                if not self._deliver([record]):
+                    self.undelivered += len(batch) - sent
+                    return False
             return True
-        self.undelivered = refused
-        return all(self._deliver(record) for record in batch)
+        if outcome != _DELIVERED:
+            self.undelivered += len(batch)
+        return outcome != _GONE
 
-    def _deliver(self, record: dict[str, Any] | list[dict[str, Any]]) -> bool:
-        """Post until acknowledged; False when delivery should stop (the job is gone, or the flush ran out)."""
+    def _post(self, body: dict[str, Any] | list[dict[str, Any]]) -> str:
+        """Post until acknowledged (_DELIVERED), refused for good (_REFUSED), or until delivery should stop: the job
+        is gone, or the flush ran out (_GONE)."""
         headers = {"Content-Type": "application/json"}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
-        body = json.dumps(record, allow_nan=False).encode()
+        data = json.dumps(body, allow_nan=False).encode()
         backoff = 0.2
         while True:
             try:
-                req = urllib.request.Request(self._url, data=body, headers=headers, method="POST")
+                req = urllib.request.Request(self._url, data=data, headers=headers, method="POST")
                 with urllib.request.urlopen(req, timeout=self._timeout_s) as resp:
                     resp.read()
-                return True
+                return _DELIVERED
             except urllib.error.HTTPError as exc:
                 if exc.code in _GONE_STATUSES:
-                    return False
+                    return _GONE
                 if 400 <= exc.code < 500 and exc.code not in _RETRYABLE_STATUSES:
-                    self.undelivered += 1  # this record is refused for good; the next ones may not be
-                    return True
+                    return _REFUSED  # refused for good; the next records may not be
             except Exception:  # noqa: BLE001,S110 - the API down, restarting or slow: try again
                 pass
             if self._deadline is not None and time.monotonic() + backoff > self._deadline:
-                return False
+                return _GONE
             self._sleep(backoff)
             backoff = min(backoff * 2, self._max_backoff_s)
